@@ -1,0 +1,372 @@
+/* tgs-workload: a program shaped like a training job, for tests, the demo and bench.
+ *
+ * It allocates "parameters" and "activations", then iterates: K kernels of a given
+ * duration, each touching its slice of both buffers, a synchronisation, then a CPU gap
+ * (data loading, the host side of a step). Throughput is iterations per second.
+ * With --verify it writes a pattern first and checks at the end that every touch the
+ * kernels made is there (checksum_ok).
+ *
+ * It reaches the driver the way the CUDA runtime does: dlopen("libcuda.so.1"), then
+ * every entry point through cuGetProcAddress_v2 at the ABI version it was written
+ * against. So it runs unchanged on a real GPU, on simgpu, and under libtgs.so.
+ *
+ * Flags and JSON output are a contract (ARCHITECTURE.md, "Workload"). */
+#define _GNU_SOURCE
+#include <cuda.h>
+#include <cudaTypedefs.h>
+#include <dlfcn.h>
+#include <errno.h>
+#include <getopt.h>
+#include <stdarg.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "kernels.h"
+
+#define STRIDE (64u << 10) /* one touched word per 64 KiB */
+
+static struct {
+    PFN_cuInit_v2000 Init;
+    PFN_cuDeviceGetCount_v2000 DeviceGetCount;
+    PFN_cuDeviceGet_v2000 DeviceGet;
+    PFN_cuDeviceGetAttribute_v2000 DeviceGetAttribute;
+    PFN_cuDeviceGetName_v2000 DeviceGetName;
+    PFN_cuDevicePrimaryCtxRetain_v7000 PrimaryCtxRetain;
+    PFN_cuCtxSetCurrent_v4000 CtxSetCurrent;
+    PFN_cuCtxSynchronize_v2000 CtxSynchronize;
+    PFN_cuModuleLoadData_v2000 ModuleLoadData;
+    PFN_cuModuleGetFunction_v2000 ModuleGetFunction;
+    PFN_cuMemAlloc_v3020 MemAlloc;
+    PFN_cuMemAllocManaged_v6000 MemAllocManaged;
+    PFN_cuMemFree_v3020 MemFree;
+    PFN_cuMemcpyHtoD_v3020 MemcpyHtoD;
+    PFN_cuMemcpyDtoH_v3020 MemcpyDtoH;
+    PFN_cuLaunchKernel_v4000 LaunchKernel;
+    PFN_cuGetErrorName_v6000 GetErrorName;
+    PFN_cuGetErrorString_v6000 GetErrorString;
+} cu;
+
+static struct {
+    double kernel_us, gap_us, seconds, report_s, warmup_s;
+    long kernels;
+    double param_mb, act_mb;
+    int device, verify, managed, json;
+} opt = {1000, 0, 10, 1, -1, 10, 16, 16, 0, 0, 0, 0};
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
+}
+
+static void fail(const char *what, CUresult r) {
+    const char *name = "?", *desc = "";
+    if (cu.GetErrorName)
+        cu.GetErrorName(r, &name);
+    if (cu.GetErrorString)
+        cu.GetErrorString(r, &desc);
+    if (!name)
+        name = "unknown CUresult";
+    if (opt.json)
+        printf("{\"error\": \"%s failed\", \"cuda_error\": \"%s\", \"code\": %d}\n", what, name, (int)r);
+    fprintf(stderr, "tgs-workload: %s failed: %s (%d)%s%s\n", what, name, (int)r, desc && *desc ? ": " : "",
+            desc ? desc : "");
+    fflush(stdout);
+    exit(r == CUDA_ERROR_OUT_OF_MEMORY ? 3 : 1);
+}
+
+#define CHECK(call, what)                 \
+    do {                                  \
+        CUresult _r = (call);             \
+        if (_r != CUDA_SUCCESS)           \
+            fail(what, _r);               \
+    } while (0)
+
+static void load_driver(void) {
+    const char *path = getenv("TGS_WORKLOAD_LIBCUDA");
+    void *h = dlopen(path && *path ? path : "libcuda.so.1", RTLD_NOW | RTLD_GLOBAL);
+    if (!h) {
+        fprintf(stderr, "tgs-workload: cannot load the CUDA driver: %s\n"
+                        "  (no GPU driver here? run it on simgpu: tgs sim run -- tgs-workload ...)\n",
+                dlerror());
+        exit(2);
+    }
+    PFN_cuGetProcAddress_v12000 gpa = (PFN_cuGetProcAddress_v12000)dlsym(h, "cuGetProcAddress_v2");
+    if (!gpa) {
+        fprintf(stderr, "tgs-workload: the CUDA driver is older than 12.0 (no cuGetProcAddress_v2)\n");
+        exit(2);
+    }
+#define LOAD(field, name, ver)                                                                            \
+    do {                                                                                                  \
+        CUdriverProcAddressQueryResult st;                                                                \
+        CUresult _r = gpa(#name, (void **)&cu.field, ver, CU_GET_PROC_ADDRESS_DEFAULT, &st);              \
+        if (_r != CUDA_SUCCESS || !cu.field) {                                                            \
+            fprintf(stderr, "tgs-workload: the driver has no %s (ABI %d): error %d, status %d\n", #name, \
+                    ver, (int)_r, (int)st);                                                               \
+            exit(2);                                                                                      \
+        }                                                                                                 \
+    } while (0)
+    LOAD(GetErrorName, cuGetErrorName, 6000);
+    LOAD(GetErrorString, cuGetErrorString, 6000);
+    LOAD(Init, cuInit, 2000);
+    LOAD(DeviceGetCount, cuDeviceGetCount, 2000);
+    LOAD(DeviceGet, cuDeviceGet, 2000);
+    LOAD(DeviceGetAttribute, cuDeviceGetAttribute, 2000);
+    LOAD(DeviceGetName, cuDeviceGetName, 2000);
+    LOAD(PrimaryCtxRetain, cuDevicePrimaryCtxRetain, 7000);
+    LOAD(CtxSetCurrent, cuCtxSetCurrent, 4000);
+    LOAD(CtxSynchronize, cuCtxSynchronize, 2000);
+    LOAD(ModuleLoadData, cuModuleLoadData, 2000);
+    LOAD(ModuleGetFunction, cuModuleGetFunction, 2000);
+    LOAD(MemAlloc, cuMemAlloc, 3020);
+    LOAD(MemAllocManaged, cuMemAllocManaged, 6000);
+    LOAD(MemFree, cuMemFree, 3020);
+    LOAD(MemcpyHtoD, cuMemcpyHtoD, 3020);
+    LOAD(MemcpyDtoH, cuMemcpyDtoH, 3020);
+    LOAD(LaunchKernel, cuLaunchKernel, 4000);
+#undef LOAD
+}
+
+static void usage(FILE *f) {
+    fprintf(f,
+            "usage: tgs-workload [options]\n"
+            "A GPU job shaped like training: K kernels per iteration, a sync, a CPU gap.\n\n"
+            "  --kernel-us US   duration of each kernel (default 1000)\n"
+            "  --kernels K      kernels per iteration (default 10)\n"
+            "  --gap-us US      CPU time between iterations (default 0: GPU-bound)\n"
+            "  --seconds S      how long to run (default 10)\n"
+            "  --param-mb MB    parameter memory, touched every iteration (default 16)\n"
+            "  --act-mb MB      activation memory, touched every iteration (default 16)\n"
+            "  --device N       CUDA device ordinal (default 0)\n"
+            "  --report-s S     progress line every S seconds (default 1)\n"
+            "  --warmup-s S     excluded from the summary throughput (default min(1, seconds/4))\n"
+            "  --verify         write a pattern first, check every kernel's writes at the end\n"
+            "  --managed        allocate with cuMemAllocManaged instead of cuMemAlloc\n"
+            "  --json           one JSON object per line (the last is the summary)\n"
+            "  --print-ptx      print the kernels' PTX and exit\n");
+}
+
+static double parse_num(const char *flag, const char *v, double lo, double hi) {
+    char *end;
+    errno = 0;
+    double d = strtod(v, &end);
+    if (errno || end == v || *end || !(d >= lo && d <= hi)) {
+        fprintf(stderr, "tgs-workload: %s %s: expected a number from %g to %g\n", flag, v, lo, hi);
+        exit(2);
+    }
+    return d;
+}
+
+static void parse(int argc, char **argv) {
+    static const struct option longs[] = {
+        {"kernel-us", 1, 0, 'k'}, {"kernels", 1, 0, 'K'}, {"gap-us", 1, 0, 'g'},   {"seconds", 1, 0, 's'},
+        {"param-mb", 1, 0, 'p'},  {"act-mb", 1, 0, 'a'},  {"device", 1, 0, 'd'},   {"report-s", 1, 0, 'r'},
+        {"warmup-s", 1, 0, 'w'},  {"verify", 0, 0, 'v'},  {"managed", 0, 0, 'm'},  {"json", 0, 0, 'j'},
+        {"print-ptx", 0, 0, 'P'}, {"help", 0, 0, 'h'},    {0, 0, 0, 0}};
+    int c;
+    while ((c = getopt_long(argc, argv, "h", longs, NULL)) != -1) {
+        switch (c) {
+        case 'k': opt.kernel_us = parse_num("--kernel-us", optarg, 0, 60e6); break;
+        case 'K': opt.kernels = (long)parse_num("--kernels", optarg, 1, 100000); break;
+        case 'g': opt.gap_us = parse_num("--gap-us", optarg, 0, 60e6); break;
+        case 's': opt.seconds = parse_num("--seconds", optarg, 0.01, 1e7); break;
+        case 'p': opt.param_mb = parse_num("--param-mb", optarg, 0, 1 << 22); break;
+        case 'a': opt.act_mb = parse_num("--act-mb", optarg, 0, 1 << 22); break;
+        case 'd': opt.device = (int)parse_num("--device", optarg, 0, 1024); break;
+        case 'r': opt.report_s = parse_num("--report-s", optarg, 0.01, 1e7); break;
+        case 'w': opt.warmup_s = parse_num("--warmup-s", optarg, 0, 1e7); break;
+        case 'v': opt.verify = 1; break;
+        case 'm': opt.managed = 1; break;
+        case 'j': opt.json = 1; break;
+        case 'P': fputs(tgs_workload_ptx, stdout); exit(0);
+        case 'h': usage(stdout); exit(0);
+        default: usage(stderr); exit(2);
+        }
+    }
+    if (optind < argc) {
+        fprintf(stderr, "tgs-workload: unexpected argument %s\n", argv[optind]);
+        usage(stderr);
+        exit(2);
+    }
+    if (opt.warmup_s < 0)
+        opt.warmup_s = opt.seconds / 4 < 1 ? opt.seconds / 4 : 1;
+    if (opt.warmup_s >= opt.seconds)
+        opt.warmup_s = 0;
+}
+
+static uint32_t pattern(uint64_t word, uint32_t salt) { return (uint32_t)(word * 2654435761u) ^ salt; }
+
+struct buffer {
+    CUdeviceptr ptr;
+    size_t bytes;
+    uint32_t salt;
+};
+
+static void alloc_buffer(struct buffer *b, double mb, uint32_t salt, const char *what) {
+    b->bytes = (size_t)(mb * 1048576.0) / 4 * 4;
+    b->salt = salt;
+    b->ptr = 0;
+    if (!b->bytes)
+        return;
+    if (opt.managed)
+        CHECK(cu.MemAllocManaged(&b->ptr, b->bytes, CU_MEM_ATTACH_GLOBAL), what);
+    else
+        CHECK(cu.MemAlloc(&b->ptr, b->bytes), what);
+}
+
+static void write_pattern(struct buffer *b) {
+    if (!b->bytes)
+        return;
+    uint32_t *h = malloc(b->bytes);
+    if (!h) {
+        fprintf(stderr, "tgs-workload: out of host memory for --verify\n");
+        exit(2);
+    }
+    for (size_t i = 0; i < b->bytes / 4; i++)
+        h[i] = pattern(i, b->salt);
+    CHECK(cu.MemcpyHtoD(b->ptr, h, b->bytes), "cuMemcpyHtoD_v2");
+    free(h);
+}
+
+/* Every word the kernels touched got +1 per iteration; every other word is unchanged. */
+static int check_pattern(struct buffer *b, uint64_t iterations, uint64_t *bad) {
+    if (!b->bytes)
+        return 1;
+    uint32_t *h = malloc(b->bytes);
+    if (!h) {
+        fprintf(stderr, "tgs-workload: out of host memory for --verify\n");
+        exit(2);
+    }
+    CHECK(cu.MemcpyDtoH(h, b->ptr, b->bytes), "cuMemcpyDtoH_v2");
+    int ok = 1;
+    for (size_t i = 0; i < b->bytes / 4; i++) {
+        uint64_t addr = (uint64_t)b->ptr + i * 4;
+        uint32_t want = pattern(i, b->salt) + (addr % STRIDE == 0 ? (uint32_t)iterations : 0);
+        if (h[i] != want) {
+            if (ok && !opt.json)
+                fprintf(stderr, "tgs-workload: verify: word %zu of buffer %#llx is %#x, expected %#x\n", i,
+                        (unsigned long long)b->ptr, h[i], want);
+            ok = 0;
+            (*bad)++;
+        }
+    }
+    free(h);
+    return ok;
+}
+
+static void sleep_us(double us) {
+    if (us <= 0)
+        return;
+    struct timespec ts = {.tv_sec = (time_t)(us / 1e6), .tv_nsec = (long)((us - (double)(time_t)(us / 1e6) * 1e6) * 1000)};
+    while (nanosleep(&ts, &ts) == -1 && errno == EINTR) {
+    }
+}
+
+static void report(int summary, double ips, uint64_t it, uint64_t kernels, double elapsed, int have_check, int ok,
+                   uint64_t bad) {
+    if (opt.json) {
+        printf("{\"iterations_per_s\": %.4f, \"iterations\": %llu, \"kernels\": %llu, \"elapsed_s\": %.4f", ips,
+               (unsigned long long)it, (unsigned long long)kernels, elapsed);
+        if (summary) {
+            printf(", \"summary\": true, \"warmup_s\": %.3f", opt.warmup_s);
+            if (have_check)
+                printf(", \"checksum_ok\": %s, \"bad_words\": %llu", ok ? "true" : "false", (unsigned long long)bad);
+        }
+        printf("}\n");
+    } else if (summary) {
+        printf("summary: %.2f iterations/s after %.1f s warm-up, %llu iterations, %llu kernels in %.2f s%s\n", ips,
+               opt.warmup_s, (unsigned long long)it, (unsigned long long)kernels, elapsed,
+               have_check ? (ok ? ", checksum ok" : ", CHECKSUM MISMATCH") : "");
+    } else {
+        printf("%8.2f s  %10.2f iterations/s  %llu iterations\n", elapsed, ips, (unsigned long long)it);
+    }
+    fflush(stdout);
+}
+
+int main(int argc, char **argv) {
+    parse(argc, argv);
+    load_driver();
+    CHECK(cu.Init(0), "cuInit");
+    int count = 0;
+    CHECK(cu.DeviceGetCount(&count), "cuDeviceGetCount");
+    if (opt.device >= count) {
+        fprintf(stderr, "tgs-workload: --device %d, but only %d device(s) are visible\n", opt.device, count);
+        return 2;
+    }
+    CUdevice dev;
+    CHECK(cu.DeviceGet(&dev, opt.device), "cuDeviceGet");
+    int sms = 1;
+    CHECK(cu.DeviceGetAttribute(&sms, CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, dev), "cuDeviceGetAttribute");
+    CUcontext ctx;
+    CHECK(cu.PrimaryCtxRetain(&ctx, dev), "cuDevicePrimaryCtxRetain");
+    CHECK(cu.CtxSetCurrent(ctx), "cuCtxSetCurrent");
+    CUmodule mod;
+    CHECK(cu.ModuleLoadData(&mod, tgs_workload_ptx), "cuModuleLoadData");
+    CUfunction step;
+    CHECK(cu.ModuleGetFunction(&step, mod, "tgs_step"), "cuModuleGetFunction");
+
+    struct buffer params, acts;
+    alloc_buffer(&params, opt.param_mb, 0x5eed1234u, "cuMemAlloc_v2 (parameters)");
+    alloc_buffer(&acts, opt.act_mb, 0x0a11ce55u, "cuMemAlloc_v2 (activations)");
+    if (opt.verify) {
+        write_pattern(&params);
+        write_pattern(&acts);
+    }
+    size_t K = (size_t)opt.kernels;
+    size_t ps = (params.bytes / K + STRIDE - 1) / STRIDE * STRIDE;
+    size_t as = (acts.bytes / K + STRIDE - 1) / STRIDE * STRIDE;
+    unsigned long long ns = (unsigned long long)(opt.kernel_us * 1000.0);
+    unsigned stride = STRIDE, delta = 1;
+
+    double start = now_s(), last_t = start, next = start + opt.report_s, warm_t = -1;
+    uint64_t it = 0, kernels = 0, last_it = 0, warm_it = 0;
+    for (;;) {
+        double t = now_s();
+        if (t - start >= opt.seconds)
+            break;
+        for (size_t k = 0; k < K; k++) {
+            size_t po = k * ps < params.bytes ? k * ps : params.bytes;
+            size_t ao = k * as < acts.bytes ? k * as : acts.bytes;
+            unsigned long long a = params.ptr + po, ab = (po + ps <= params.bytes ? ps : params.bytes - po);
+            unsigned long long b = acts.ptr + ao, bb = (ao + as <= acts.bytes ? as : acts.bytes - ao);
+            void *args[] = {&ns, &a, &ab, &b, &bb, &stride, &delta};
+            CHECK(cu.LaunchKernel(step, (unsigned)sms, 1, 1, 128, 1, 1, 0, NULL, args, NULL), "cuLaunchKernel");
+        }
+        CHECK(cu.CtxSynchronize(), "cuCtxSynchronize");
+        it++;
+        kernels += K;
+        sleep_us(opt.gap_us);
+        t = now_s();
+        if (warm_t < 0 && t - start >= opt.warmup_s) {
+            warm_t = t;
+            warm_it = it;
+        }
+        if (t >= next) {
+            report(0, (double)(it - last_it) / (t - last_t), it, kernels, t - start, 0, 0, 0);
+            last_it = it;
+            last_t = t;
+            while (next <= t)
+                next += opt.report_s;
+        }
+    }
+    double end = now_s();
+    int ok = 1;
+    uint64_t bad = 0;
+    if (opt.verify) {
+        ok &= check_pattern(&params, it, &bad);
+        ok &= check_pattern(&acts, it, &bad);
+    }
+    if (warm_t < 0 || end <= warm_t) {
+        warm_t = start;
+        warm_it = 0;
+    }
+    report(1, (double)(it - warm_it) / (end - warm_t), it, kernels, end - start, opt.verify, ok, bad);
+    if (params.ptr)
+        cu.MemFree(params.ptr);
+    if (acts.ptr)
+        cu.MemFree(acts.ptr);
+    return ok ? 0 : 4;
+}

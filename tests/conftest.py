@@ -1,0 +1,37 @@
+"""Fixtures shared by every test (the harness lives in tests/harness/)."""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from harness.build import build_libshim, compile_c  # noqa: E402
+from harness.simgpu import SimGPU  # noqa: E402
+
+
+@pytest.fixture(scope="session")
+def libshim():
+    """The C parts, built once per session with `make -C libshim`."""
+    return build_libshim()
+
+
+@pytest.fixture(scope="session")
+def c_programs(tmp_path_factory, libshim):
+    """Compiles tests/c programs: c_programs("x.c", link_cuda=True)."""
+    out = tmp_path_factory.mktemp("c-programs")
+
+    def build(source: str, link_cuda: bool = False, extra: list[str] | None = None) -> Path:
+        return compile_c(source, out, link_cuda=libshim if link_cuda else None, extra=extra)
+
+    return build
+
+
+@pytest.fixture
+def simgpu(libshim, tmp_path):
+    """A fresh simulated GPU (4G, one device) for one test; programs left running are killed."""
+    gpu = SimGPU(libshim, tmp_path / "simgpu.state")
+    yield gpu
+    gpu.close()

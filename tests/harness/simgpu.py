@@ -1,0 +1,118 @@
+"""A fresh simulated GPU per test, and workloads running on it."""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Mapping, Sequence
+
+from tgs_runtime import sim
+from tgs_runtime.paths import Artifacts
+from tgs_runtime.workload import Report, Workload, parse_output, summary
+
+
+@dataclass
+class Proc:
+    """A program started by the harness; its output is collected when it ends."""
+
+    popen: subprocess.Popen
+    label: str
+    stdout: str = ""
+    stderr: str = ""
+
+    def wait(self, timeout: float = 120) -> int:
+        out, err = self.popen.communicate(timeout=timeout)
+        self.stdout += out or ""
+        self.stderr += err or ""
+        return self.popen.returncode
+
+    def kill(self, sig: int = signal.SIGKILL) -> None:
+        if self.popen.poll() is None:
+            self.popen.send_signal(sig)
+
+    @property
+    def returncode(self) -> int | None:
+        return self.popen.poll()
+
+    def reports(self) -> list[Report]:
+        return parse_output(self.stdout)
+
+    def summary(self) -> Report:
+        return summary(self.stdout)
+
+
+@dataclass
+class SimGPU:
+    """One simulated card (its own state file) and the programs run on it."""
+
+    artifacts: Artifacts
+    state: Path
+    devices: int = 1
+    memory: str = "4G"
+    timeslice_us: int | None = None
+    procs: list[Proc] = field(default_factory=list)
+
+    def settings(self) -> sim.SimSettings:
+        return sim.SimSettings(
+            state=self.state, devices=self.devices, memory=self.memory, timeslice_us=self.timeslice_us
+        )
+
+    def env(self, label: str | None = None, extra: Mapping[str, str] | None = None) -> dict[str, str]:
+        env = self.settings().env()
+        env.pop("SIMGPU_FAULT", None)
+        env["SIMGPU_LOG"] = env.get("SIMGPU_LOG", "warn")
+        env["TGS_LIBSHIM_BUILD"] = str(self.artifacts.root)
+        if label:
+            env["SIMGPU_LABEL"] = label
+        env.update(extra or {})
+        return env
+
+    def spawn(self, argv: Sequence[str], label: str = "", extra_env: Mapping[str, str] | None = None) -> Proc:
+        popen = subprocess.Popen(
+            list(argv), env=self.env(label, extra_env), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        )
+        proc = Proc(popen, label)
+        self.procs.append(proc)
+        return proc
+
+    def workload(self, w: Workload, label: str, extra_env: Mapping[str, str] | None = None) -> Proc:
+        return self.spawn(w.argv(self.artifacts.workload), label, extra_env)
+
+    def run(self, w: Workload, label: str, extra_env: Mapping[str, str] | None = None, timeout: float = 120) -> Proc:
+        p = self.workload(w, label, extra_env)
+        p.wait(timeout)
+        return p
+
+    def status(self) -> dict:
+        return sim.status(self.state)
+
+    def context(self, label: str, device: int = 0) -> dict:
+        return sim.contexts(self.status(), device)[label]
+
+    def wait_for_contexts(self, labels: Sequence[str], timeout: float = 20, device: int = 0) -> dict:
+        """Waits until every label has a live context that has run a kernel; returns the snapshot."""
+        deadline = time.monotonic() + timeout
+        while True:
+            if self.state.exists():
+                snap = self.status()
+                ctxs = sim.contexts(snap, device)
+                if all(l in ctxs and ctxs[l]["state"] == "live" and ctxs[l]["kernels"] > 0 for l in labels):
+                    return snap
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"contexts {labels} did not start on the simulated GPU in {timeout}s")
+            time.sleep(0.05)
+
+    def close(self) -> None:
+        for p in self.procs:
+            p.kill()
+            try:
+                p.wait(10)
+            except subprocess.TimeoutExpired:
+                pass
+        try:
+            os.unlink(self.state)
+        except FileNotFoundError:
+            pass

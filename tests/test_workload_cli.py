@@ -1,0 +1,54 @@
+"""The workload program's flags and output contract."""
+from __future__ import annotations
+
+import json
+import subprocess
+
+import pytest
+
+from tgs_runtime.workload import Workload, parse_output
+
+
+def test_json_lines_follow_the_contract(simgpu):
+    p = simgpu.run(Workload(kernel_us=500, kernels=4, gap_us=2000, seconds=1.2, report_s=0.3, verify=True), "w")
+    assert p.popen.returncode == 0, p.stderr
+    lines = [json.loads(l) for l in p.stdout.splitlines()]
+    for line in lines:
+        assert {"iterations_per_s", "iterations", "kernels", "elapsed_s"} <= line.keys()
+    assert lines[-1]["summary"] is True and lines[-1]["checksum_ok"] is True
+    assert len(lines) >= 4
+    s = parse_output(p.stdout)[-1]
+    assert s.kernels == 4 * s.iterations
+    # one iteration: 2 ms of kernels and a 2 ms gap
+    assert 180 <= s.iterations_per_s <= 260, s
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--kernels", "0"], "--kernels 0"),
+    (["--seconds", "abc"], "--seconds abc"),
+    (["--bogus"], "unrecognized option"),
+    (["extra"], "unexpected argument extra"),
+])
+def test_bad_flags(simgpu, args, message):
+    proc = subprocess.run([str(simgpu.artifacts.workload), *args], env=simgpu.env("w"), capture_output=True,
+                          text=True, timeout=30)
+    assert proc.returncode == 2
+    assert message in proc.stderr
+
+
+def test_without_a_driver_it_says_what_to_do(libshim):
+    proc = subprocess.run([str(libshim.workload), "--seconds", "0.1"], env={"PATH": "/usr/bin:/bin",
+                          "TGS_WORKLOAD_LIBCUDA": "/nonexistent/libcuda.so.1"}, capture_output=True, text=True)
+    assert proc.returncode == 2 and "cannot load the CUDA driver" in proc.stderr and "tgs sim run" in proc.stderr
+
+
+def test_ptx_is_valid_for_ptxas(libshim, tmp_path):
+    """The kernels that run on a real GPU assemble (ptxas from the CUDA 13.0 toolkit)."""
+    from harness.toolkit import ptxas
+
+    ptx = tmp_path / "k.ptx"
+    ptx.write_text(subprocess.run([str(libshim.workload), "--print-ptx"], capture_output=True, text=True).stdout)
+    for arch in ("sm_80", "sm_90"):
+        proc = subprocess.run([str(ptxas()), f"-arch={arch}", str(ptx), "-o", str(tmp_path / f"{arch}.cubin")],
+                              capture_output=True, text=True)
+        assert proc.returncode == 0, proc.stderr

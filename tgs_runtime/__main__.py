@@ -1,0 +1,3 @@
+from tgs_runtime.cli import main
+
+main()

@@ -1,0 +1,1 @@
+"""The `tgs` CLI's command groups, one module each."""

@@ -9,7 +9,9 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from harness.build import build_libshim, compile_c  # noqa: E402
+from harness.shimside import Host, ShimContainer  # noqa: E402
 from harness.simgpu import SimGPU  # noqa: E402
+from tgs_runtime import proto  # noqa: E402
 
 
 @pytest.fixture(scope="session")
@@ -35,3 +37,26 @@ def simgpu(libshim, tmp_path):
     gpu = SimGPU(libshim, tmp_path / "simgpu.state")
     yield gpu
     gpu.close()
+
+
+@pytest.fixture
+def host(tmp_path):
+    """A state_dir with its activity files, without tgsd (tests/harness/shimside.py)."""
+    h = Host(tmp_path / "state")
+    yield h
+    h.close()
+
+
+@pytest.fixture
+def container(host, simgpu):
+    """Makes TGS containers on the simulated GPU: container(proto.Class.PRODUCTION, "id")."""
+    made = []
+
+    def make(klass: proto.Class, cid: str | None = None, **kw) -> ShimContainer:
+        c = ShimContainer(host, cid or f"c{len(made)}", klass, kw.pop("uuids", None) or simgpu.uuids()[:1], **kw)
+        made.append(c)
+        return c
+
+    yield make
+    for c in made:
+        c.close()

@@ -3,52 +3,42 @@
 #define _GNU_SOURCE
 #include "driver.h"
 
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #define CU_ABI_DECLARE_FOREIGN
 #include "cu_abi.h"
 
-struct abi_row {
-    const char *base;
-    int version;
-    int variant;
-    const char *symbol;
-    void *fn;
-};
+#include "cu_abi_lookup.h"
 
-#define ROW(base, ver, variant, symbol, pfn) {#base, ver, variant, #symbol, (void *)&symbol},
-static const struct abi_row g_rows[] = {CU_ABI_TABLE(ROW)};
-#undef ROW
+/* The function behind each row, in the table's order. */
+#define FN(base, ver, variant, symbol, pfn) (void *)&symbol,
+static void *const g_fns[] = {CU_ABI_TABLE(FN)};
+#undef FN
 
-/* Picks the row for (symbol, cudaVersion, flags): the newest default row not above the
- * version, replaced by its per-thread twin when asked for and one exists. */
-static const struct abi_row *lookup(const char *symbol, int version, int per_thread, int *found_any) {
-    const struct abi_row *best = NULL, *pt = NULL;
-    *found_any = 0;
-    for (size_t i = 0; i < sizeof g_rows / sizeof *g_rows; i++) {
-        const struct abi_row *r = &g_rows[i];
-        if (strcmp(r->base, symbol))
-            continue;
-        *found_any = 1;
-        if (r->version > version)
-            continue;
-        if (r->variant == CU_ABI_DEFAULT) {
-            if (!best || r->version > best->version)
-                best = r;
-        } else if (!pt || r->version > pt->version) {
-            pt = r;
-        }
+/* SIMGPU_LOG_GETPROC=FILE: every request is appended to FILE (symbol cudaVersion flags),
+ * the format of tests/data/cudart-13.0-getprocaddress.txt: simgpu as a logging driver. */
+static void log_request(const char *symbol, int version, cuuint64_t flags) {
+    static int fd = -2;
+    if (fd == -2) {
+        const char *path = getenv("SIMGPU_LOG_GETPROC");
+        fd = path && *path ? open(path, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644) : -1;
     }
-    if (best && per_thread && pt) {
-        size_t n = strlen(best->symbol);
-        if (!strncmp(pt->symbol, best->symbol, n) && (!strcmp(pt->symbol + n, "_ptds") || !strcmp(pt->symbol + n, "_ptsz")))
-            return pt;
-    }
-    return best;
+    if (fd < 0)
+        return;
+    char line[256];
+    int n = snprintf(line, sizeof line, "%s %d %llu\n", symbol && *symbol ? symbol : "\"\"", version,
+                     (unsigned long long)flags);
+    if (n > 0 && write(fd, line, (size_t)(n < (int)sizeof line ? n : (int)sizeof line - 1)) < 0)
+        fd = -1;
 }
 
 static CUresult get_proc(const char *symbol, void **pfn, int cudaVersion, cuuint64_t flags,
                          CUdriverProcAddressQueryResult *status) {
+    log_request(symbol, cudaVersion, flags);
     if (status)
         *status = CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND;
     if (!symbol || !pfn)
@@ -57,13 +47,14 @@ static CUresult get_proc(const char *symbol, void **pfn, int cudaVersion, cuuint
     if (cudaVersion > SIM_DRIVER_VERSION)
         return CUDA_ERROR_INVALID_VALUE;
     int any;
-    const struct abi_row *r = lookup(symbol, cudaVersion, (flags & CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM) != 0, &any);
+    const struct cu_abi_row *r =
+        cu_abi_lookup(symbol, cudaVersion, (flags & CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM) != 0, &any);
     if (!r) {
         if (any && status)
             *status = CU_GET_PROC_ADDRESS_VERSION_NOT_SUFFICIENT;
         return CUDA_ERROR_NOT_FOUND;
     }
-    *pfn = r->fn;
+    *pfn = g_fns[r - cu_abi_rows];
     if (status)
         *status = CU_GET_PROC_ADDRESS_SUCCESS;
     return CUDA_SUCCESS;

@@ -286,6 +286,7 @@ static CUresult ctx_slot_alloc(struct sim_context *c) {
     x->util[0] = (struct sim_sample){now, 0};
     if ((uint32_t)pick >= d->ctx_hi)
         d->ctx_hi = (uint32_t)pick + 1;
+    d->live_mask |= 1ull << pick;
     c->slot = (uint32_t)pick;
     c->gen = gen;
     sim_unlock_device(d);
@@ -1598,4 +1599,51 @@ SIM_API CUresult CUDAAPI cuGraphLaunch(CUgraphExec hGraphExec, CUstream hStream)
 }
 SIM_API CUresult CUDAAPI cuGraphLaunch_ptsz(CUgraphExec hGraphExec, CUstream hStream) {
     return graph_launch(hGraphExec, hStream);
+}
+
+static struct sim_gnode *node_of(CUgraphNode h) {
+    struct sim_gnode *n = (struct sim_gnode *)h;
+    return n && n->magic == OBJ_GNODE ? n : NULL;
+}
+
+SIM_API CUresult CUDAAPI cuGraphNodeGetType(CUgraphNode hNode, CUgraphNodeType *type) {
+    CHECK_INIT();
+    struct sim_gnode *n = node_of(hNode);
+    if (!n || !type)
+        return CUDA_ERROR_INVALID_VALUE;
+    *type = n->is_kernel ? CU_GRAPH_NODE_TYPE_KERNEL : CU_GRAPH_NODE_TYPE_EMPTY;
+    return CUDA_SUCCESS;
+}
+
+static void node_params(struct sim_gnode *n, CUfunction *f, unsigned *g, unsigned *b, unsigned *shm) {
+    *f = (CUfunction)n->launch.fn;
+    memcpy(g, n->launch.grid, sizeof n->launch.grid);
+    memcpy(b, n->launch.block, sizeof n->launch.block);
+    *shm = n->launch.shmem;
+}
+
+SIM_API CUresult CUDAAPI cuGraphKernelNodeGetParams_v2(CUgraphNode hNode, CUDA_KERNEL_NODE_PARAMS *p) {
+    CHECK_INIT();
+    struct sim_gnode *n = node_of(hNode);
+    if (!n || !p || !n->is_kernel)
+        return CUDA_ERROR_INVALID_VALUE;
+    memset(p, 0, sizeof *p);
+    unsigned g[3], b[3];
+    node_params(n, &p->func, g, b, &p->sharedMemBytes);
+    p->gridDimX = g[0], p->gridDimY = g[1], p->gridDimZ = g[2];
+    p->blockDimX = b[0], p->blockDimY = b[1], p->blockDimZ = b[2];
+    return CUDA_SUCCESS;
+}
+
+SIM_API CUresult CUDAAPI cuGraphKernelNodeGetParams(CUgraphNode hNode, CUDA_KERNEL_NODE_PARAMS_v1 *p) {
+    CHECK_INIT();
+    struct sim_gnode *n = node_of(hNode);
+    if (!n || !p || !n->is_kernel)
+        return CUDA_ERROR_INVALID_VALUE;
+    memset(p, 0, sizeof *p);
+    unsigned g[3], b[3];
+    node_params(n, &p->func, g, b, &p->sharedMemBytes);
+    p->gridDimX = g[0], p->gridDimY = g[1], p->gridDimZ = g[2];
+    p->blockDimX = b[0], p->blockDimY = b[1], p->blockDimZ = b[2];
+    return CUDA_SUCCESS;
 }

@@ -21,12 +21,14 @@ struct eng_view {
     int64_t rem[SIM_MAX_CTX];
 };
 
+#define FOR_LIVE(d, i) for (uint64_t _m = (d)->live_mask, i; _m && ((i = (uint64_t)__builtin_ctzll(_m)), 1); _m &= _m - 1)
+
 static void view_load(struct sim_device *d, struct eng_view *v) {
     v->t = d->sim_ns;
     v->cur = d->cur;
     v->last = d->last;
     v->slice_end = d->slice_end_ns;
-    for (uint32_t i = 0; i < d->ctx_hi; i++) {
+    FOR_LIVE(d, i) {
         struct sim_ctx *c = &d->ctx[i];
         v->head[i] = c->head;
         v->rem[i] = c->head < c->tail ? c->q[c->head % SIM_QCAP].remaining_ns : 0;
@@ -38,7 +40,7 @@ static void view_store(struct sim_device *d, const struct eng_view *v) {
     d->cur = v->cur;
     d->last = v->last;
     d->slice_end_ns = v->slice_end;
-    for (uint32_t i = 0; i < d->ctx_hi; i++) {
+    FOR_LIVE(d, i) {
         struct sim_ctx *c = &d->ctx[i];
         c->head = v->head[i];
         if (c->head < c->tail)
@@ -47,21 +49,25 @@ static void view_store(struct sim_device *d, const struct eng_view *v) {
 }
 
 static inline int ready(struct sim_device *d, const struct eng_view *v, int32_t i) {
-    return d->ctx[i].state == CTX_LIVE && v->head[i] < d->ctx[i].tail;
+    return (d->live_mask >> i & 1) && v->head[i] < d->ctx[i].tail;
 }
 
+/* The next ready context after `after`, round-robin over the live ones. */
 static int32_t next_ready(struct sim_device *d, const struct eng_view *v, int32_t after) {
-    uint32_t n = d->ctx_hi;
-    for (uint32_t k = 1; k <= n; k++) {
-        int32_t i = (int32_t)(((uint32_t)(after < 0 ? -1 : after) + k) % n);
-        if (ready(d, v, i))
-            return i;
+    int32_t first = -1;
+    FOR_LIVE(d, i) {
+        if (!ready(d, v, (int32_t)i))
+            continue;
+        if ((int32_t)i > after)
+            return (int32_t)i;
+        if (first < 0)
+            first = (int32_t)i;
     }
-    return -1;
+    return first;
 }
 
 static int other_ready(struct sim_device *d, const struct eng_view *v, int32_t cur) {
-    for (uint32_t i = 0; i < d->ctx_hi; i++)
+    FOR_LIVE(d, i)
         if ((int32_t)i != cur && ready(d, v, (int32_t)i))
             return 1;
     return 0;
@@ -74,7 +80,7 @@ static int other_ready(struct sim_device *d, const struct eng_view *v, int32_t c
 static uint64_t run(struct sim_device *d, struct eng_view *v, uint64_t until, int32_t tgt, uint64_t tgt_head,
                     int commit) {
     const uint64_t slice = g_sim.st->set.timeslice_ns;
-    if (d->ctx_hi == 0) {
+    if (d->live_mask == 0) {
         if (v->t < until)
             v->t = until;
         return UINT64_MAX;

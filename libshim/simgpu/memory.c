@@ -598,6 +598,20 @@ CUresult mem_kernel_touch(struct sim_context *c, CUdeviceptr p, uint64_t bytes, 
     return CUDA_SUCCESS;
 }
 
+/* A copy into a never-touched managed page: the copy engine is the device, so the page is
+ * populated there if a frame is free (no eviction for it), else on the host. */
+static void populate_for_copy(struct alloc *a, uint32_t i) {
+    struct mpage *pg = &a->pages[i];
+    struct sim_device *d = &g_sim.st->dev[a->dev];
+    sim_lock_device(d);
+    struct sim_ctx *c = &d->ctx[a->ctx_slot];
+    int64_t cost = 0;
+    if (!(c->state == CTX_LIVE && c->gen == a->ctx_gen && frames_free(d) > 0 &&
+          page_to_device(a, i, a->dev, a->ctx_slot, ++d->lru_clock, &cost, SIM_PREFETCH_GBPS) == 0))
+        pg->loc = LOC_HOST;
+    sim_unlock_device(d);
+}
+
 /* The bytes behind [p, p+n) for a host-side read or write, a piece at a time
  * (g_mem_lock held). Returns the length of the piece, 0 if p is not device memory, or
  * (size_t)-1 for an invalid range. *bus tells whether the piece lives on the device. */
@@ -631,7 +645,7 @@ static size_t translate(uintptr_t p, size_t n, unsigned char **data, int *on_dev
         sim_unlock_device(d);
     }
     if (pg->loc == LOC_NONE)
-        pg->loc = LOC_HOST;
+        populate_for_copy(a, i);
     *on_device = pg->loc == LOC_DEV;
     *data = (*on_device ? page_shadow(a, i) : page_host(a, i)) + (p - (a->base + (uintptr_t)i * SIM_PAGE));
     return len;

@@ -106,6 +106,7 @@ struct sim_device {
     uint64_t busy_ns, switches;
     uint64_t live_check_ns;
     uint32_t ctx_hi; /* slots in use are below this */
+    uint64_t live_mask; /* bit i: context slot i is live (SIM_MAX_CTX <= 64) */
     uint32_t util_head;
     struct sim_sample util[SIM_UTIL_SAMPLES];
     struct sim_ctx ctx[SIM_MAX_CTX];

@@ -377,6 +377,10 @@ static void lock_robust(pthread_mutex_t *m, struct sim_device *d) {
                 if (c->head > c->tail || c->tail - c->head > SIM_QCAP)
                     c->head = c->tail;
             }
+            d->live_mask = 0;
+            for (uint32_t i = 0; i < SIM_MAX_CTX; i++)
+                if (d->ctx[i].state == CTX_LIVE)
+                    d->live_mask |= 1ull << i;
             if (d->cur >= SIM_MAX_CTX)
                 d->cur = -1;
             if (d->last >= SIM_MAX_CTX)
@@ -416,6 +420,7 @@ void sim_end_ctx(struct sim_device *d, uint32_t slot, uint64_t now) {
         return;
     c->head = c->tail;
     c->state = CTX_ENDED;
+    d->live_mask &= ~(1ull << slot);
     c->ended_ns = now;
     if (d->cur == (int32_t)slot)
         d->cur = -1;

@@ -86,6 +86,12 @@ class SimGPU:
         p.wait(timeout)
         return p
 
+    def uuids(self) -> list[str]:
+        """The devices' UUIDs (the state file is made first if no program has run yet)."""
+        if not self.state.exists():
+            self.run(Workload(seconds=0.01, param_mb=0, act_mb=0), "uuid-probe")
+        return [d["uuid"] for d in self.status()["devices"]]
+
     def status(self) -> dict:
         return sim.status(self.state)
 

@@ -1,0 +1,128 @@
+"""What every benchmark shares: the machine it ran on, outputs, tables, standalone
+containers for measuring the shim without tgsd."""
+from __future__ import annotations
+
+import contextlib
+import datetime as dt
+import json
+import os
+import platform
+import socket
+import statistics
+import subprocess
+import tempfile
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Iterator, Sequence
+
+from tgs_runtime import proto
+from tgs_runtime.control import ActivityFile, ControlBlock, StatePaths
+from tgs_runtime.paths import REPO_ROOT
+
+RESULTS = REPO_ROOT / "bench" / "results"
+Echo = Callable[[str], None]
+
+
+def commit() -> str:
+    try:
+        out = subprocess.run(["git", "-C", str(REPO_ROOT), "rev-parse", "--short", "HEAD"], capture_output=True,
+                             text=True, timeout=10)
+        dirty = subprocess.run(["git", "-C", str(REPO_ROOT), "status", "--porcelain", "--untracked-files=no"],
+                               capture_output=True, text=True, timeout=10).stdout.strip()
+        return out.stdout.strip() + ("-dirty" if dirty else "") if out.returncode == 0 else "unknown"
+    except OSError:
+        return "unknown"
+
+
+def machine(gpu: str) -> dict:
+    cpu = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return {"host": socket.gethostname(), "cpu": cpu, "cores": os.cpu_count(), "gpu": gpu,
+            "date": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"), "commit": commit()}
+
+
+def table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
+    cells = [[str(h) for h in headers]] + [[str(c) for c in r] for r in rows]
+    widths = [max(len(r[i]) for r in cells) for i in range(len(headers))]
+    line = lambda r: "| " + " | ".join(c.ljust(w) for c, w in zip(r, widths)) + " |"
+    return "\n".join([line(cells[0]), "| " + " | ".join("-" * w for w in widths) + " |", *map(line, cells[1:])])
+
+
+def median(xs: Sequence[float]) -> float:
+    return statistics.median(xs) if xs else float("nan")
+
+
+@dataclass
+class Outputs:
+    name: str
+    json_path: Path | None = None
+
+    @property
+    def dir(self) -> Path:
+        return RESULTS / self.name
+
+    def write(self, result: dict, markdown: str, echo: Echo, plots: dict[str, object] | None = None) -> list[Path]:
+        self.dir.mkdir(parents=True, exist_ok=True)
+        paths = []
+        jp = self.json_path or self.dir / f"{self.name}.json"
+        jp.parent.mkdir(parents=True, exist_ok=True)
+        jp.write_text(json.dumps(result, indent=2) + "\n")
+        paths.append(jp)
+        md = self.dir / f"{self.name}.md"
+        md.write_text(markdown + "\n")
+        paths.append(md)
+        for fname, fig in (plots or {}).items():
+            p = self.dir / fname
+            fig.savefig(p, dpi=110, bbox_inches="tight")
+            paths.append(p)
+        echo("\n" + markdown)
+        echo("\nwrote " + ", ".join(str(p) for p in paths))
+        return paths
+
+
+@contextlib.contextmanager
+def standalone_containers(uuids: list[str], classes: dict[str, proto.Class],
+                          budget: Callable[[ControlBlock], None] | None = None) -> Iterator[dict[str, Path]]:
+    """Container directories made as tgsd makes them, with a fresh heartbeat and no socket:
+    for measuring the shim's own cost where tgsd's behaviour does not matter."""
+    with tempfile.TemporaryDirectory(prefix="tgs-bench-") as d:
+        paths = StatePaths(Path(d))
+        acts = []
+        for u in uuids:
+            paths.activity(u).parent.mkdir(parents=True, exist_ok=True)
+            acts.append(ActivityFile.create(paths.activity(u)))
+        blocks, dirs = [], {}
+        for name, klass in classes.items():
+            cp = paths.container(name)
+            (cp.dir / proto.ACTIVITY_DIR).mkdir(parents=True)
+            for u in uuids:
+                os.link(paths.activity(u), cp.activity(u))
+            cb = ControlBlock.create(cp.control, klass, uuids)
+            if budget:
+                budget(cb)
+            blocks.append(cb)
+            dirs[name] = cp.dir
+        stop = threading.Event()
+
+        def beat():
+            while not stop.is_set():
+                for cb in blocks:
+                    cb.heartbeat()
+                stop.wait(0.1)
+
+        t = threading.Thread(target=beat, daemon=True)
+        t.start()
+        try:
+            yield dirs
+        finally:
+            stop.set()
+            t.join()
+            for x in blocks + acts:
+                x.close()

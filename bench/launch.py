@@ -1,0 +1,100 @@
+"""`tgs bench launch`: what libtgs.so adds to one kernel launch.
+
+Zero-length kernels from one thread, on simgpu, with and without the shim, interleaved
+round by round in one run: nanoseconds inside cuLaunchKernel per launch (medians), and
+instructions per launch counted by callgrind beside them (repeatable whatever the
+machine is doing). Target: <= 100 ns added."""
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+from bench.common import Echo, Outputs, machine, median, standalone_containers, table
+from tgs_runtime import proto, sim
+from tgs_runtime.paths import artifacts
+
+MODES = ["without the shim", "shim, no TGS", "production", "opportunistic, unlimited"]
+
+
+def _env(settings: sim.SimSettings, mode: str, dirs: dict[str, Path]) -> dict[str, str]:
+    env = settings.env()
+    env["SIMGPU_LABEL"] = mode
+    if mode != "without the shim":
+        env["LD_PRELOAD"] = str(artifacts().require(artifacts().shim))
+    if mode == "production":
+        env["TGS_DIR"] = str(dirs["production"])
+    elif mode.startswith("opportunistic"):
+        env["TGS_DIR"] = str(dirs["opportunistic"])
+    env["TGS_LOG_LEVEL"] = "error"  # no tgsd here on purpose: say nothing about it
+    return env
+
+
+def _ns(env: dict, launches: int) -> float:
+    exe = str(artifacts().require(artifacts().root / "tgs-launchbench"))
+    out = subprocess.run([exe, str(launches)], env=env, capture_output=True, text=True, timeout=300, check=True)
+    return json.loads(out.stdout)["ns_per_launch"]
+
+
+def _instructions(env: dict, launches: int, workdir: Path) -> int:
+    exe = str(artifacts().root / "tgs-launchbench")
+    out = workdir / "callgrind.out"
+    subprocess.run(["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}", exe, str(launches)], env=env,
+                   capture_output=True, text=True, timeout=600, check=True)
+    m = re.search(r"^(?:summary|totals):\s+(\d+)", out.read_text(), re.M)
+    return int(m.group(1))
+
+
+def run(echo: Echo = print, quick: bool = False, json_path: Path | None = None) -> dict:
+    rounds, launches = (3, 50_000) if quick else (9, 200_000)
+    with tempfile.TemporaryDirectory(prefix="tgs-bench-launch-") as d:
+        settings = sim.SimSettings(state=Path(d) / "simgpu.state", memory="2G")
+        subprocess.run([str(artifacts().workload), "--seconds", "0.01", "--param-mb", "0", "--act-mb", "0"],
+                       env=settings.env(), capture_output=True, check=True)
+        uuid = sim.status(settings.state)["devices"][0]["uuid"]
+
+        def unlimited(cb):
+            cb.set_budget(0, rate=proto.RATE_UNLIMITED, inflight=0)
+
+        with standalone_containers([uuid], {"production": proto.Class.PRODUCTION,
+                                            "opportunistic": proto.Class.OPPORTUNISTIC}, unlimited) as dirs:
+            samples = {m: [] for m in MODES}
+            for r in range(rounds):
+                for mode in MODES:
+                    samples[mode].append(_ns(_env(settings, mode, dirs), launches))
+                echo(f"  round {r + 1}/{rounds}: " + ", ".join(f"{m} {samples[m][-1]:.0f} ns" for m in MODES))
+            instr: dict[str, float | None] = {m: None for m in MODES}
+            reason = None
+            if shutil.which("valgrind"):
+                n1, n2 = (2_000, 6_000) if quick else (4_000, 24_000)
+                for mode in MODES:
+                    env = _env(settings, mode, dirs)
+                    a, b = _instructions(env, n1, Path(d)), _instructions(env, n2, Path(d))
+                    instr[mode] = (b - a) / (n2 - n1)
+            else:
+                reason = "valgrind is not installed"
+    base_ns = median(samples["without the shim"])
+    base_ir = instr["without the shim"]
+    rows, modes = [], {}
+    for m in MODES:
+        ns = median(samples[m])
+        ir = instr[m]
+        modes[m] = {"ns_per_launch_median": round(ns, 2), "ns_samples": [round(x, 2) for x in samples[m]],
+                    "added_ns": round(ns - base_ns, 2),
+                    "instructions_per_launch": None if ir is None else round(ir, 1),
+                    "added_instructions": None if ir is None or base_ir is None else round(ir - base_ir, 1)}
+        rows.append([m, f"{ns:.1f}", f"{ns - base_ns:+.1f}", "-" if ir is None else f"{ir:.0f}",
+                     "-" if ir is None or base_ir is None else f"{ir - base_ir:+.0f}"])
+    result = {"benchmark": "launch", "simulated": True, "machine": machine("simgpu (simulated)"),
+              "rounds": rounds, "launches_per_run": launches, "modes": modes, "callgrind": reason or "ok",
+              "target_added_ns": 100}
+    md = (f"### launch: cost of one kernel launch (simulated GPU, {result['machine']['date']}, "
+          f"commit {result['machine']['commit']})\n\n"
+          + table(["mode", "ns/launch (median)", "added ns", "instructions/launch", "added instructions"], rows)
+          + f"\n\n{rounds} interleaved rounds of {launches} zero-length launches; instructions by callgrind"
+          + (f" ({reason})" if reason else "") + ". Target: <= 100 ns added.")
+    Outputs("launch", json_path).write(result, md, echo)
+    return result

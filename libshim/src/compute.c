@@ -1,0 +1,451 @@
+/* libtgs.so: compute sharing (ARCHITECTURE.md, "Compute sharing").
+ *
+ * Cost unit: one thread block. Production launches are counted (relaxed atomic adds in
+ * the control block) and mark the GPU's production activity byte busy until the next
+ * completed synchronisation. Opportunistic launches wait while production has unfinished
+ * work on the GPU, keep at most `inflight_max` kernels in flight (tracked with events),
+ * and spend tokens from the container's shared bucket (GCRA: one CAS on the control
+ * block). Work launched on a capturing stream is neither counted nor throttled; a graph
+ * launch costs the thread blocks of its kernel nodes, counted at instantiate. Only the
+ * launching thread ever waits, by sleeping; while tokens remain no system call is made.
+ */
+#define _GNU_SOURCE
+#include "tgs.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+/* ---------- production activity ---------- */
+
+static void mark_busy(struct tgs_gpu *g) {
+    if (__atomic_load_n(&g->busy_marked, __ATOMIC_RELAXED) || !g->activity_rw)
+        return;
+    uint32_t slot = __atomic_load_n(&g_tgs.activity_slot, __ATOMIC_RELAXED);
+    if (slot >= TGS_ACTIVITY_SLOTS)
+        return;
+    g->activity_rw[slot] = 1;
+    __atomic_store_n(&g->busy_marked, 1, __ATOMIC_RELAXED);
+}
+
+void tgs_production_idle(struct tgs_gpu *g) {
+    if (!__atomic_exchange_n(&g->busy_marked, 0, __ATOMIC_RELAXED) || !g->activity_rw)
+        return;
+    uint32_t slot = __atomic_load_n(&g_tgs.activity_slot, __ATOMIC_RELAXED);
+    if (slot < TGS_ACTIVITY_SLOTS)
+        g->activity_rw[slot] = 0;
+}
+
+static int production_busy(const struct tgs_gpu *g) {
+    const volatile uint64_t *w = (const volatile uint64_t *)(const volatile void *)g->activity;
+    for (unsigned i = 0; i < TGS_ACTIVITY_SLOTS / 8; i++)
+        if (w[i])
+            return 1;
+    return 0;
+}
+
+/* ---------- opportunistic: kernels in flight ---------- */
+
+static int inflight_wait(struct tgs_gpu *g, unsigned max) {
+    if (max > TGS_INFLIGHT_RING)
+        max = TGS_INFLIGHT_RING;
+    int waited = 0;
+    pthread_mutex_lock(&g->inflight_lock);
+    while (g->ev_count && REAL(cuEventQuery)(g->ev[g->ev_head]) != CUDA_ERROR_NOT_READY) {
+        g->ev_head = (g->ev_head + 1) % TGS_INFLIGHT_RING;
+        g->ev_count--;
+    }
+    while (g->ev_count >= max) {
+        REAL(cuEventSynchronize)(g->ev[g->ev_head]);
+        g->ev_head = (g->ev_head + 1) % TGS_INFLIGHT_RING;
+        g->ev_count--;
+        waited = 1;
+    }
+    pthread_mutex_unlock(&g->inflight_lock);
+    return waited;
+}
+
+static void inflight_record(struct tgs_gpu *g, CUstream s) {
+    CUcontext ctx = NULL;
+    REAL(cuCtxGetCurrent)(&ctx);
+    pthread_mutex_lock(&g->inflight_lock);
+    if (g->ev_count < TGS_INFLIGHT_RING) {
+        unsigned i = (g->ev_head + g->ev_count) % TGS_INFLIGHT_RING;
+        if (!g->ev[i] || g->ev_ctx[i] != ctx) {
+            g->ev[i] = NULL; /* an event of another context is left to that context */
+            if (REAL(cuEventCreate)(&g->ev[i], CU_EVENT_DISABLE_TIMING) == CUDA_SUCCESS)
+                g->ev_ctx[i] = ctx;
+        }
+        if (g->ev[i] && REAL(cuEventRecord)(g->ev[i], s) == CUDA_SUCCESS)
+            g->ev_count++;
+    }
+    pthread_mutex_unlock(&g->inflight_lock);
+}
+
+void tgs_compute_after_fork(void) {
+    for (unsigned i = 0; i < TGS_MAX_GPUS; i++) {
+        struct tgs_gpu *g = &g_tgs.gpu[i];
+        pthread_mutex_init(&g->inflight_lock, NULL);
+        memset(g->ev, 0, sizeof g->ev);
+        g->ev_head = g->ev_count = 0;
+        g->busy_marked = 0;
+    }
+    g_tgs.captures = 0;
+}
+
+/* ---------- opportunistic: tokens ---------- */
+
+#define GATE_POLL_NS 100000ull   /* production-busy re-check while waiting */
+#define PAUSE_POLL_NS 1000000ull /* a paused budget is re-read this often */
+#define DECAY_MS 5000ull         /* a stale budget slides to the floor over this long */
+#define BACKLOG_NS 200000000ull  /* a bucket this far ahead came from an older, slower rate */
+
+static uint64_t fp_of(uint64_t rate) { return rate ? (uint64_t)((1000000000.0 * 65536.0) / (double)rate) : 0; }
+
+/* The rate to spend at now: the budget's, or when tgsd's heartbeat is stale, sliding from
+ * it to the floor. Sets *fp to ns per block in fixed point. */
+static uint64_t effective_rate(const volatile struct tgs_gpu_budget *b, uint64_t now, uint64_t *fp) {
+    uint64_t rate = b->rate_blocks_per_s, age;
+    *fp = b->ns_per_block_fp;
+    if (likely(!tgs_heartbeat_age_ms(now, &age)))
+        return rate;
+    uint64_t floor = b->floor_blocks_per_s, over = age - g_tgs.daemon->stale_ms;
+    if (age == UINT64_MAX || over >= DECAY_MS || rate == TGS_RATE_UNLIMITED || rate <= floor) {
+        if (rate != TGS_RATE_UNLIMITED && rate <= floor && age != UINT64_MAX && over < DECAY_MS)
+            return rate;
+        *fp = fp_of(floor);
+        return floor;
+    }
+    uint64_t r = rate - (uint64_t)((double)(rate - floor) * (double)over / (double)DECAY_MS);
+    *fp = fp_of(r);
+    return r;
+}
+
+static void take_tokens(struct tgs_gpu *g, uint64_t blocks, uint64_t *now) {
+    const volatile struct tgs_gpu_budget *b = g->budget;
+    for (;;) {
+        uint64_t fp, rate = effective_rate(b, *now, &fp);
+        if (rate == TGS_RATE_UNLIMITED)
+            return;
+        if (rate == 0 || fp == 0) { /* paused */
+            tgs_sleep_until(*now + PAUSE_POLL_NS);
+            *now = tgs_now();
+            continue;
+        }
+        uint64_t cost = (uint64_t)(((unsigned __int128)blocks * fp) >> TGS_NS_PER_BLOCK_SHIFT);
+        uint64_t tau = (uint64_t)(((unsigned __int128)b->burst_blocks * fp) >> TGS_NS_PER_BLOCK_SHIFT);
+        uint64_t tat = __atomic_load_n(&g->ctr->gcra_tat_ns, __ATOMIC_RELAXED);
+        uint64_t base = tat > *now ? tat : *now;
+        if (base > *now + tau + cost + BACKLOG_NS)
+            base = *now;
+        if (base - *now > tau) {
+            tgs_sleep_until(base - tau);
+            *now = tgs_now();
+            continue;
+        }
+        if (__atomic_compare_exchange_n(&g->ctr->gcra_tat_ns, &tat, base + cost, 0, __ATOMIC_RELAXED,
+                                        __ATOMIC_RELAXED))
+            return;
+    }
+}
+
+static void opportunistic_admit(struct tgs_gpu *g, uint64_t blocks) {
+    const volatile struct tgs_gpu_budget *b = g->budget;
+    uint64_t now = tgs_now(), start = now, age;
+    if ((b->flags & TGS_GPU_GATE) && g->activity) {
+        /* While tgsd is gone a dead production process may never clear its byte: then the
+         * floor rate alone decides. */
+        while (production_busy(g) && (b->flags & TGS_GPU_GATE) && !tgs_heartbeat_age_ms(now, &age)) {
+            tgs_sleep_until(now + GATE_POLL_NS);
+            now = tgs_now();
+        }
+    }
+    unsigned max = b->inflight_max;
+    if (max && inflight_wait(g, max))
+        now = tgs_now();
+    take_tokens(g, blocks, &now);
+    if (now != start) {
+        __atomic_fetch_add(&g->ctr->throttled_ns, now - start, __ATOMIC_RELAXED);
+        __atomic_fetch_add(&g->ctr->waits, 1, __ATOMIC_RELAXED);
+    }
+}
+
+/* ---------- the launch path ---------- */
+
+struct launch {
+    struct tgs_gpu *g;
+    uint64_t blocks;
+};
+
+static int capturing(CUstream s) {
+    if (likely(!__atomic_load_n(&g_tgs.captures, __ATOMIC_RELAXED)))
+        return 0;
+    CUstreamCaptureStatus st = CU_STREAM_CAPTURE_STATUS_NONE;
+    return real_cuStreamIsCapturing && REAL(cuStreamIsCapturing)(s, &st) == CUDA_SUCCESS &&
+           st != CU_STREAM_CAPTURE_STATUS_NONE;
+}
+
+/* The stream a per-thread entry point means by NULL. */
+static inline CUstream pt_stream(CUstream s, int per_thread) { return per_thread && !s ? CU_STREAM_PER_THREAD : s; }
+
+static inline void launch_begin(struct launch *L, CUstream s, uint64_t blocks) {
+    L->g = NULL;
+    if (!tgs_ready() || capturing(s))
+        return;
+    struct tgs_gpu *g = tgs_current_gpu();
+    if (!g)
+        return;
+    L->g = g;
+    L->blocks = blocks;
+    if (g_tgs.cls == TGS_CLASS_OPPORTUNISTIC)
+        opportunistic_admit(g, blocks);
+}
+
+static inline void launch_end(struct launch *L, CUresult r, CUstream s, uint64_t kernels) {
+    if (!L->g || r != CUDA_SUCCESS)
+        return;
+    struct tgs_gpu *g = L->g;
+    __atomic_fetch_add(&g->ctr->launches, kernels, __ATOMIC_RELAXED);
+    __atomic_fetch_add(&g->ctr->blocks, L->blocks, __ATOMIC_RELAXED);
+    if (g_tgs.cls == TGS_CLASS_PRODUCTION)
+        mark_busy(g);
+    else if (g->budget->inflight_max)
+        inflight_record(g, s);
+}
+
+static inline uint64_t grid(unsigned x, unsigned y, unsigned z) { return (uint64_t)x * y * z; }
+
+#define LAUNCH_WRAPPER(NAME, PT)                                                                            \
+    TGS_API CUresult CUDAAPI NAME(CUfunction f, unsigned int gridDimX, unsigned int gridDimY,               \
+                                  unsigned int gridDimZ, unsigned int blockDimX, unsigned int blockDimY,    \
+                                  unsigned int blockDimZ, unsigned int sharedMemBytes, CUstream hStream,    \
+                                  void **kernelParams, void **extra) {                                      \
+        struct launch L;                                                                                    \
+        CUstream s = pt_stream(hStream, PT);                                                                \
+        launch_begin(&L, s, grid(gridDimX, gridDimY, gridDimZ));                                            \
+        CUresult r = real_##NAME(f, gridDimX, gridDimY, gridDimZ, blockDimX, blockDimY, blockDimZ,          \
+                                 sharedMemBytes, hStream, kernelParams, extra);                             \
+        launch_end(&L, r, s, 1);                                                                            \
+        return r;                                                                                           \
+    }
+LAUNCH_WRAPPER(cuLaunchKernel, 0)
+LAUNCH_WRAPPER(cuLaunchKernel_ptsz, 1)
+
+#define LAUNCH_EX_WRAPPER(NAME, PT)                                                                        \
+    TGS_API CUresult CUDAAPI NAME(const CUlaunchConfig *config, CUfunction f, void **kernelParams,         \
+                                  void **extra) {                                                          \
+        struct launch L = {0};                                                                             \
+        CUstream s = config ? pt_stream(config->hStream, PT) : NULL;                                       \
+        if (config)                                                                                        \
+            launch_begin(&L, s, grid(config->gridDimX, config->gridDimY, config->gridDimZ));              \
+        CUresult r = real_##NAME(config, f, kernelParams, extra);                                          \
+        launch_end(&L, r, s, 1);                                                                           \
+        return r;                                                                                          \
+    }
+LAUNCH_EX_WRAPPER(cuLaunchKernelEx, 0)
+LAUNCH_EX_WRAPPER(cuLaunchKernelEx_ptsz, 1)
+
+#define LAUNCH_COOP_WRAPPER(NAME, PT)                                                                       \
+    TGS_API CUresult CUDAAPI NAME(CUfunction f, unsigned int gridDimX, unsigned int gridDimY,               \
+                                  unsigned int gridDimZ, unsigned int blockDimX, unsigned int blockDimY,    \
+                                  unsigned int blockDimZ, unsigned int sharedMemBytes, CUstream hStream,    \
+                                  void **kernelParams) {                                                    \
+        struct launch L;                                                                                    \
+        CUstream s = pt_stream(hStream, PT);                                                                \
+        launch_begin(&L, s, grid(gridDimX, gridDimY, gridDimZ));                                            \
+        CUresult r = real_##NAME(f, gridDimX, gridDimY, gridDimZ, blockDimX, blockDimY, blockDimZ,          \
+                                 sharedMemBytes, hStream, kernelParams);                                    \
+        launch_end(&L, r, s, 1);                                                                            \
+        return r;                                                                                           \
+    }
+LAUNCH_COOP_WRAPPER(cuLaunchCooperativeKernel, 0)
+LAUNCH_COOP_WRAPPER(cuLaunchCooperativeKernel_ptsz, 1)
+
+/* ---------- graphs: their cost is counted once, at instantiate ---------- */
+
+struct graph_cost {
+    CUgraphExec exec;
+    uint64_t blocks, kernels;
+};
+static pthread_mutex_t g_graph_lock = PTHREAD_MUTEX_INITIALIZER;
+static struct graph_cost *g_graphs;
+static size_t g_ngraphs, g_graph_cap;
+
+static void graph_measure(CUgraphExec exec, CUgraph graph) {
+    size_t n = 0;
+    if (!real_cuGraphGetNodes || REAL(cuGraphGetNodes)(graph, NULL, &n) != CUDA_SUCCESS)
+        return;
+    CUgraphNode *nodes = calloc(n ? n : 1, sizeof *nodes);
+    if (!nodes || REAL(cuGraphGetNodes)(graph, nodes, &n) != CUDA_SUCCESS) {
+        free(nodes);
+        return;
+    }
+    struct graph_cost c = {exec, 0, 0};
+    for (size_t i = 0; i < n; i++) {
+        CUgraphNodeType t;
+        CUDA_KERNEL_NODE_PARAMS p;
+        if (REAL(cuGraphNodeGetType)(nodes[i], &t) == CUDA_SUCCESS && t == CU_GRAPH_NODE_TYPE_KERNEL &&
+            real_cuGraphKernelNodeGetParams_v2 && REAL(cuGraphKernelNodeGetParams_v2)(nodes[i], &p) == CUDA_SUCCESS) {
+            c.blocks += grid(p.gridDimX, p.gridDimY, p.gridDimZ);
+            c.kernels++;
+        }
+    }
+    free(nodes);
+    pthread_mutex_lock(&g_graph_lock);
+    if (g_ngraphs == g_graph_cap) {
+        size_t cap = g_graph_cap ? g_graph_cap * 2 : 16;
+        struct graph_cost *m = realloc(g_graphs, cap * sizeof *m);
+        if (m) {
+            g_graphs = m;
+            g_graph_cap = cap;
+        }
+    }
+    if (g_ngraphs < g_graph_cap)
+        g_graphs[g_ngraphs++] = c;
+    pthread_mutex_unlock(&g_graph_lock);
+}
+
+static struct graph_cost graph_cost_of(CUgraphExec exec, int remove) {
+    struct graph_cost c = {exec, 0, 0};
+    pthread_mutex_lock(&g_graph_lock);
+    for (size_t i = 0; i < g_ngraphs; i++) {
+        if (g_graphs[i].exec == exec) {
+            c = g_graphs[i];
+            if (remove)
+                g_graphs[i] = g_graphs[--g_ngraphs];
+            break;
+        }
+    }
+    pthread_mutex_unlock(&g_graph_lock);
+    return c;
+}
+
+static CUresult instantiated(CUresult r, CUgraphExec *exec, CUgraph graph) {
+    if (r == CUDA_SUCCESS && exec && tgs_ready())
+        graph_measure(*exec, graph);
+    return r;
+}
+
+TGS_API CUresult CUDAAPI cuGraphInstantiate(CUgraphExec *phGraphExec, CUgraph hGraph, CUgraphNode *phErrorNode,
+                                            char *logBuffer, size_t bufferSize) {
+    return instantiated(REAL(cuGraphInstantiate)(phGraphExec, hGraph, phErrorNode, logBuffer, bufferSize), phGraphExec,
+                        hGraph);
+}
+TGS_API CUresult CUDAAPI cuGraphInstantiate_v2(CUgraphExec *phGraphExec, CUgraph hGraph, CUgraphNode *phErrorNode,
+                                               char *logBuffer, size_t bufferSize) {
+    return instantiated(REAL(cuGraphInstantiate_v2)(phGraphExec, hGraph, phErrorNode, logBuffer, bufferSize),
+                        phGraphExec, hGraph);
+}
+TGS_API CUresult CUDAAPI cuGraphInstantiateWithFlags(CUgraphExec *phGraphExec, CUgraph hGraph,
+                                                     unsigned long long flags) {
+    return instantiated(REAL(cuGraphInstantiateWithFlags)(phGraphExec, hGraph, flags), phGraphExec, hGraph);
+}
+TGS_API CUresult CUDAAPI cuGraphInstantiateWithParams(CUgraphExec *phGraphExec, CUgraph hGraph,
+                                                      CUDA_GRAPH_INSTANTIATE_PARAMS *instantiateParams) {
+    return instantiated(REAL(cuGraphInstantiateWithParams)(phGraphExec, hGraph, instantiateParams), phGraphExec,
+                        hGraph);
+}
+TGS_API CUresult CUDAAPI cuGraphInstantiateWithParams_ptsz(CUgraphExec *phGraphExec, CUgraph hGraph,
+                                                           CUDA_GRAPH_INSTANTIATE_PARAMS *instantiateParams) {
+    return instantiated(REAL(cuGraphInstantiateWithParams_ptsz)(phGraphExec, hGraph, instantiateParams), phGraphExec,
+                        hGraph);
+}
+
+TGS_API CUresult CUDAAPI cuGraphExecDestroy(CUgraphExec hGraphExec) {
+    graph_cost_of(hGraphExec, 1);
+    return REAL(cuGraphExecDestroy)(hGraphExec);
+}
+
+#define GRAPH_LAUNCH_WRAPPER(NAME, PT)                                                      \
+    TGS_API CUresult CUDAAPI NAME(CUgraphExec hGraphExec, CUstream hStream) {               \
+        struct launch L;                                                                    \
+        CUstream s = pt_stream(hStream, PT);                                                \
+        struct graph_cost c = graph_cost_of(hGraphExec, 0);                                 \
+        launch_begin(&L, s, c.blocks);                                                      \
+        CUresult r = real_##NAME(hGraphExec, hStream);                                      \
+        launch_end(&L, r, s, c.kernels);                                                    \
+        return r;                                                                           \
+    }
+GRAPH_LAUNCH_WRAPPER(cuGraphLaunch, 0)
+GRAPH_LAUNCH_WRAPPER(cuGraphLaunch_ptsz, 1)
+
+/* ---------- stream capture: work on a capturing stream is not counted ---------- */
+
+static CUresult capture_began(CUresult r) {
+    if (r == CUDA_SUCCESS)
+        __atomic_add_fetch(&g_tgs.captures, 1, __ATOMIC_RELAXED);
+    return r;
+}
+
+static CUresult capture_ended(CUresult r) {
+    if (r == CUDA_SUCCESS || r == CUDA_ERROR_STREAM_CAPTURE_INVALIDATED || r == CUDA_ERROR_STREAM_CAPTURE_UNJOINED ||
+        r == CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD) {
+        int n = __atomic_load_n(&g_tgs.captures, __ATOMIC_RELAXED);
+        while (n > 0 && !__atomic_compare_exchange_n(&g_tgs.captures, &n, n - 1, 1, __ATOMIC_RELAXED, __ATOMIC_RELAXED)) {
+        }
+    }
+    return r;
+}
+
+TGS_API CUresult CUDAAPI cuStreamBeginCapture(CUstream hStream) { return capture_began(REAL(cuStreamBeginCapture)(hStream)); }
+TGS_API CUresult CUDAAPI cuStreamBeginCapture_ptsz(CUstream hStream) {
+    return capture_began(REAL(cuStreamBeginCapture_ptsz)(hStream));
+}
+TGS_API CUresult CUDAAPI cuStreamBeginCapture_v2(CUstream hStream, CUstreamCaptureMode mode) {
+    return capture_began(REAL(cuStreamBeginCapture_v2)(hStream, mode));
+}
+TGS_API CUresult CUDAAPI cuStreamBeginCapture_v2_ptsz(CUstream hStream, CUstreamCaptureMode mode) {
+    return capture_began(REAL(cuStreamBeginCapture_v2_ptsz)(hStream, mode));
+}
+TGS_API CUresult CUDAAPI cuStreamBeginCaptureToGraph(CUstream hStream, CUgraph hGraph, const CUgraphNode *dependencies,
+                                                     const CUgraphEdgeData *dependencyData, size_t numDependencies,
+                                                     CUstreamCaptureMode mode) {
+    return capture_began(
+        REAL(cuStreamBeginCaptureToGraph)(hStream, hGraph, dependencies, dependencyData, numDependencies, mode));
+}
+TGS_API CUresult CUDAAPI cuStreamBeginCaptureToGraph_ptsz(CUstream hStream, CUgraph hGraph,
+                                                          const CUgraphNode *dependencies,
+                                                          const CUgraphEdgeData *dependencyData,
+                                                          size_t numDependencies, CUstreamCaptureMode mode) {
+    return capture_began(
+        REAL(cuStreamBeginCaptureToGraph_ptsz)(hStream, hGraph, dependencies, dependencyData, numDependencies, mode));
+}
+TGS_API CUresult CUDAAPI cuStreamEndCapture(CUstream hStream, CUgraph *phGraph) {
+    return capture_ended(REAL(cuStreamEndCapture)(hStream, phGraph));
+}
+TGS_API CUresult CUDAAPI cuStreamEndCapture_ptsz(CUstream hStream, CUgraph *phGraph) {
+    return capture_ended(REAL(cuStreamEndCapture_ptsz)(hStream, phGraph));
+}
+
+/* ---------- synchronisation: production is idle once it completes ---------- */
+
+static CUresult synced(CUresult r, int current_only) {
+    if (r != CUDA_SUCCESS || !current_only || !tgs_ready())
+        return r;
+    struct tgs_gpu *g = tgs_current_gpu();
+    if (g) {
+        __atomic_fetch_add(&g->ctr->syncs, 1, __ATOMIC_RELAXED);
+        if (g_tgs.cls == TGS_CLASS_PRODUCTION)
+            tgs_production_idle(g);
+    }
+    return r;
+}
+
+TGS_API CUresult CUDAAPI cuStreamSynchronize(CUstream hStream) { return synced(REAL(cuStreamSynchronize)(hStream), 1); }
+TGS_API CUresult CUDAAPI cuStreamSynchronize_ptsz(CUstream hStream) {
+    return synced(REAL(cuStreamSynchronize_ptsz)(hStream), 1);
+}
+TGS_API CUresult CUDAAPI cuEventSynchronize(CUevent hEvent) { return synced(REAL(cuEventSynchronize)(hEvent), 1); }
+TGS_API CUresult CUDAAPI cuCtxSynchronize(void) { return synced(REAL(cuCtxSynchronize)(), 1); }
+TGS_API CUresult CUDAAPI cuCtxSynchronize_v2(CUcontext ctx) {
+    CUcontext cur = NULL;
+    if (ctx && real_cuCtxGetCurrent)
+        REAL(cuCtxGetCurrent)(&cur);
+    return synced(REAL(cuCtxSynchronize_v2)(ctx), !ctx || ctx == cur);
+}
+
+TGS_API CUresult CUDAAPI cuCtxDestroy_v2(CUcontext ctx) {
+    CUresult r = REAL(cuCtxDestroy_v2)(ctx);
+    if (r == CUDA_SUCCESS)
+        tgs_forget_contexts();
+    return r;
+}

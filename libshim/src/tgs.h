@@ -1,0 +1,105 @@
+/* libtgs.so: the interception library loaded into every process of a TGS container.
+ * Internal header. The design is ARCHITECTURE.md ("Interception", "Compute sharing",
+ * "Memory sharing"); the contract with tgsd is include/tgs_proto.h. */
+#ifndef TGS_SHIM_H
+#define TGS_SHIM_H
+
+#include "glibc_compat.h"
+
+#define __CUDA_API_VERSION_INTERNAL 1 /* cuda.h declares every ABI, so wrappers are checked */
+#include <cuda.h>
+#include <pthread.h>
+#include <stdint.h>
+
+#include "hooks.h"
+#include "tgs_proto.h"
+
+#define TGS_API __attribute__((visibility("default")))
+#define TGS_HIDDEN __attribute__((visibility("hidden")))
+#define likely(x) __builtin_expect(!!(x), 1)
+#define unlikely(x) __builtin_expect(!!(x), 0)
+
+/* ---- real entry points (intercept.c resolves them) ---- */
+#define TGS_REAL_DECL(sym) extern TGS_HIDDEN __typeof__(&sym) real_##sym;
+TGS_HOOKS(TGS_REAL_DECL)
+TGS_NEEDS(TGS_REAL_DECL)
+#undef TGS_REAL_DECL
+
+/* ---- logging (control.c) ---- */
+enum { TGS_LOG_ERROR = 0, TGS_LOG_WARN = 1, TGS_LOG_INFO = 2, TGS_LOG_DEBUG = 3 };
+TGS_HIDDEN extern int tgs_log_level;
+TGS_HIDDEN void tgs_log(int level, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+/* ---- process state ---- */
+enum tgs_mode { TGS_MODE_UNKNOWN = 0, TGS_MODE_PASS = 1, TGS_MODE_ACTIVE = 2 };
+
+#define TGS_INFLIGHT_RING 64
+
+struct tgs_gpu { /* one control-block GPU slot, as this process sees it */
+    int slot;
+    const volatile struct tgs_gpu_budget *budget;
+    struct tgs_gpu_counters *ctr;
+    const volatile uint8_t *activity;      /* all production processes' busy bytes */
+    volatile uint8_t *activity_rw;         /* production: mapped read-write */
+    int busy_marked;                       /* production: our byte is set */
+    pthread_mutex_t inflight_lock;         /* opportunistic: kernels in flight */
+    CUevent ev[TGS_INFLIGHT_RING];
+    CUcontext ev_ctx[TGS_INFLIGHT_RING];
+    unsigned ev_head, ev_count;
+};
+
+struct tgs_state {
+    int mode;                 /* enum tgs_mode, read on every call */
+    int cls;                  /* enum tgs_class */
+    char dir[512];
+    const volatile struct tgs_control_header *header;
+    const volatile struct tgs_daemon_part *daemon; /* read-only mapping */
+    struct tgs_shim_part *shim;                    /* read-write mapping */
+    struct tgs_gpu gpu[TGS_MAX_GPUS];
+    uint32_t activity_slot; /* from tgsd's hello acknowledgement */
+    uint32_t cuda_version;  /* highest cudaVersion asked for through cuGetProcAddress */
+    int captures;           /* stream captures in progress in this process */
+};
+TGS_HIDDEN extern struct tgs_state g_tgs;
+
+/* intercept.c */
+TGS_HIDDEN extern int g_tgs_inited;
+TGS_HIDDEN void tgs_init_slow(void);
+/* The real driver is loaded (once, on the first call of any wrapper). */
+static inline void tgs_load(void) {
+    if (unlikely(!__atomic_load_n(&g_tgs_inited, __ATOMIC_ACQUIRE)))
+        tgs_init_slow();
+}
+#define REAL(sym) (tgs_load(), real_##sym)
+TGS_HIDDEN int tgs_probe_mode(void);   /* PASS or ACTIVE, from the environment alone (cheap) */
+TGS_HIDDEN int tgs_ready(void);        /* loads the driver and sets TGS up once; 1 when active */
+TGS_HIDDEN void *tgs_real_nvml(const char *name);
+
+/* control.c */
+TGS_HIDDEN int tgs_control_open(void); /* maps the control block; 0, or -1 (logged) */
+TGS_HIDDEN struct tgs_gpu *tgs_gpu_of_uuid(const CUuuid *uuid);
+TGS_HIDDEN struct tgs_gpu *tgs_gpu_of_device(CUdevice dev);
+TGS_HIDDEN struct tgs_gpu *tgs_current_gpu(void);
+TGS_HIDDEN void tgs_forget_contexts(void);
+TGS_HIDDEN void tgs_format_uuid(const unsigned char b[16], char out[TGS_UUID_LEN]);
+TGS_HIDDEN uint64_t tgs_now(void);
+TGS_HIDDEN void tgs_sleep_until(uint64_t t_ns);
+TGS_HIDDEN int tgs_heartbeat_age_ms(uint64_t now, uint64_t *age_ms); /* 1 when stale */
+TGS_HIDDEN void tgs_map_activity(struct tgs_gpu *g);
+TGS_HIDDEN void tgs_fall_back(const char *why); /* pass-through from now on, said once */
+
+/* agent.c */
+TGS_HIDDEN void tgs_agent_start(void);
+TGS_HIDDEN void tgs_agent_after_fork(void);
+TGS_HIDDEN void tgs_agent_send(const void *msg, uint32_t size);
+TGS_HIDDEN void tgs_msg_init(struct tgs_msg_header *h, uint16_t type, uint32_t size);
+
+/* compute.c */
+TGS_HIDDEN void tgs_production_idle(struct tgs_gpu *g);
+TGS_HIDDEN void tgs_compute_after_fork(void);
+
+/* memory.c */
+TGS_HIDDEN void tgs_memory_resend(void);
+TGS_HIDDEN int tgs_memory_order(const struct tgs_msg_order *o, uint64_t *bytes);
+
+#endif

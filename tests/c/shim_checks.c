@@ -1,0 +1,253 @@
+/* Programs the libtgs.so tests run inside a (simulated) TGS container. Linked directly to
+ * libcuda.so.1, so calls reach the shim through its exported symbols.
+ *   shim_checks convert            device memory comes back as managed memory, and is truthful
+ *   shim_checks quota MB           allocate 64 MB blocks until refused; print how many
+ *   shim_checks meminfo            print cuMemGetInfo and cuDeviceTotalMem as JSON
+ *   shim_checks vmm MB             cuMemCreate MB and hold it 1 s
+ *   shim_checks graph N            instantiate a 3-kernel graph, launch it N times
+ *   shim_checks capture N          launch N kernels on a capturing stream, then the graph once
+ *   shim_checks threads T S        T threads launching 1 ms kernels for S seconds; print kernels/s
+ *   shim_checks fork               fork while another thread launches; both sides go on
+ *   shim_checks hold MB S          allocate MB with cuMemAlloc, print the pointer, sleep S seconds
+ */
+#define _GNU_SOURCE
+#include <cuda.h>
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "../../libshim/workloads/kernels.h"
+
+static void die(const char *fmt, ...) __attribute__((format(printf, 1, 2), noreturn));
+static void die(const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    printf("FAIL: ");
+    vprintf(fmt, ap);
+    printf("\n");
+    va_end(ap);
+    fflush(stdout);
+    exit(1);
+}
+
+static const char *ename(CUresult r) {
+    const char *s = NULL;
+    cuGetErrorName(r, &s);
+    return s ? s : "?";
+}
+
+#define OK(call)                                                                            \
+    do {                                                                                    \
+        CUresult _r = (call);                                                               \
+        if (_r != CUDA_SUCCESS)                                                             \
+            die("%s:%d %s returned %s", __FILE__, __LINE__, #call, ename(_r));              \
+    } while (0)
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
+}
+
+static CUcontext g_ctx;
+static CUfunction g_spin;
+
+static void setup(void) {
+    OK(cuInit(0));
+    OK(cuDevicePrimaryCtxRetain(&g_ctx, 0));
+    OK(cuCtxSetCurrent(g_ctx));
+    CUmodule m;
+    OK(cuModuleLoadData(&m, tgs_workload_ptx));
+    OK(cuModuleGetFunction(&g_spin, m, "tgs_spin"));
+}
+
+static CUresult spin(CUstream s, unsigned long long ns) {
+    void *args[] = {&ns};
+    return cuLaunchKernel(g_spin, 108, 1, 1, 128, 1, 1, 0, s, args, NULL);
+}
+
+static void check_convert(void) {
+    setup();
+    CUdeviceptr p;
+    OK(cuMemAlloc(&p, 8 << 20));
+    unsigned managed = 9, type = 9;
+    OK(cuPointerGetAttribute(&managed, CU_POINTER_ATTRIBUTE_IS_MANAGED, p));
+    OK(cuPointerGetAttribute(&type, CU_POINTER_ATTRIBUTE_MEMORY_TYPE, p));
+    char msg[] = "converted bytes round-trip", back[sizeof msg];
+    OK(cuMemcpyHtoD(p, msg, sizeof msg));
+    OK(cuMemcpyDtoH(back, p, sizeof msg));
+    if (strcmp(msg, back))
+        die("bytes did not round-trip");
+    size_t pitch;
+    CUdeviceptr pp;
+    OK(cuMemAllocPitch(&pp, &pitch, 1000, 4, 4));
+    CUstream s;
+    OK(cuStreamCreate(&s, 0));
+    CUdeviceptr a;
+    OK(cuMemAllocAsync(&a, 1 << 20, s));
+    unsigned amanaged = 9;
+    OK(cuPointerGetAttribute(&amanaged, CU_POINTER_ATTRIBUTE_IS_MANAGED, a));
+    OK(spin(s, 1000000));
+    OK(cuMemFreeAsync(a, s));
+    OK(cuMemFree(pp));
+    printf("{\"managed\": %u, \"memory_type\": %u, \"pitch\": %zu, \"async_managed\": %u}\n", managed, type, pitch,
+           amanaged);
+    OK(cuMemFree(p));
+}
+
+static void check_quota(int mb) {
+    setup();
+    int n = 0;
+    CUdeviceptr p;
+    CUresult r;
+    while ((r = cuMemAlloc(&p, (size_t)mb << 20)) == CUDA_SUCCESS && n < 1000)
+        n++;
+    printf("{\"blocks\": %d, \"error\": \"%s\"}\n", n, ename(r));
+}
+
+static void check_meminfo(void) {
+    setup();
+    size_t free_b, total, dev_total;
+    OK(cuMemGetInfo(&free_b, &total));
+    OK(cuDeviceTotalMem(&dev_total, 0));
+    printf("{\"free\": %zu, \"total\": %zu, \"device_total\": %zu}\n", free_b, total, dev_total);
+}
+
+static void check_vmm(int mb) {
+    setup();
+    CUmemAllocationProp prop = {.type = CU_MEM_ALLOCATION_TYPE_PINNED,
+                                .location = {.type = CU_MEM_LOCATION_TYPE_DEVICE, .id = 0}};
+    CUmemGenericAllocationHandle h;
+    CUresult r = cuMemCreate(&h, (size_t)mb << 20, &prop, 0);
+    printf("{\"create\": \"%s\"}\n", ename(r));
+    fflush(stdout);
+    if (r == CUDA_SUCCESS) {
+        sleep(1);
+        OK(cuMemRelease(h));
+    }
+}
+
+static void check_graph(int n) {
+    setup();
+    CUstream s;
+    OK(cuStreamCreate(&s, 0));
+    OK(cuStreamBeginCapture(s, CU_STREAM_CAPTURE_MODE_GLOBAL));
+    for (int i = 0; i < 3; i++)
+        OK(spin(s, 100000));
+    CUgraph g;
+    OK(cuStreamEndCapture(s, &g));
+    CUgraphExec x;
+    OK(cuGraphInstantiate(&x, g, 0));
+    for (int i = 0; i < n; i++)
+        OK(cuGraphLaunch(x, s));
+    OK(cuStreamSynchronize(s));
+    printf("{\"launched\": %d}\n", n);
+}
+
+static void check_capture(int n) {
+    setup();
+    CUstream s;
+    OK(cuStreamCreate(&s, 0));
+    OK(cuStreamBeginCapture(s, CU_STREAM_CAPTURE_MODE_GLOBAL));
+    for (int i = 0; i < n; i++)
+        OK(spin(s, 100000));
+    CUgraph g;
+    OK(cuStreamEndCapture(s, &g));
+    printf("{\"captured\": %d}\n", n);
+}
+
+struct worker {
+    double seconds;
+    long kernels;
+};
+
+static void *launcher(void *arg) {
+    struct worker *w = arg;
+    OK(cuCtxSetCurrent(g_ctx));
+    CUstream s;
+    OK(cuStreamCreate(&s, CU_STREAM_NON_BLOCKING));
+    double end = now_s() + w->seconds;
+    while (now_s() < end) {
+        OK(spin(s, 1000000));
+        w->kernels++;
+        if (w->kernels % 4 == 0)
+            OK(cuStreamSynchronize(s));
+    }
+    OK(cuStreamSynchronize(s));
+    return NULL;
+}
+
+static void check_threads(int n, double seconds) {
+    setup();
+    pthread_t t[64];
+    struct worker w[64];
+    double start = now_s();
+    for (int i = 0; i < n; i++) {
+        w[i] = (struct worker){seconds, 0};
+        pthread_create(&t[i], NULL, launcher, &w[i]);
+    }
+    long total = 0;
+    for (int i = 0; i < n; i++) {
+        pthread_join(t[i], NULL);
+        total += w[i].kernels;
+    }
+    printf("{\"threads\": %d, \"kernels\": %ld, \"kernels_per_s\": %.2f}\n", n, total, (double)total / (now_s() - start));
+}
+
+static void check_fork(void) {
+    setup();
+    struct worker w = {1.0, 0};
+    pthread_t t;
+    pthread_create(&t, NULL, launcher, &w);
+    usleep(200000);
+    pid_t pid = fork();
+    if (pid == 0) {
+        /* the child of an initialised process: the driver refuses, the shim must not hang */
+        CUresult r = cuInit(0);
+        CUdeviceptr p;
+        CUresult a = cuMemAlloc(&p, 4096);
+        printf("{\"child_init\": \"%s\", \"child_alloc\": \"%s\"}\n", ename(r), ename(a));
+        fflush(stdout);
+        _exit(0);
+    }
+    int status;
+    waitpid(pid, &status, 0);
+    pthread_join(t, NULL);
+    OK(spin(NULL, 1000));
+    OK(cuCtxSynchronize());
+    printf("{\"parent_kernels\": %ld, \"child_exit\": %d}\n", w.kernels, WIFEXITED(status) ? WEXITSTATUS(status) : -1);
+}
+
+static void check_hold(int mb, double seconds) {
+    setup();
+    CUdeviceptr p;
+    CUresult r = cuMemAlloc(&p, (size_t)mb << 20);
+    printf("{\"alloc\": \"%s\", \"ptr\": %llu}\n", ename(r), (unsigned long long)p);
+    fflush(stdout);
+    usleep((useconds_t)(seconds * 1e6));
+}
+
+int main(int argc, char **argv) {
+    if (argc < 2)
+        return 2;
+    const char *c = argv[1];
+    int a = argc > 2 ? atoi(argv[2]) : 0;
+    double b = argc > 3 ? atof(argv[3]) : 0;
+    if (!strcmp(c, "convert")) check_convert();
+    else if (!strcmp(c, "quota")) check_quota(a);
+    else if (!strcmp(c, "meminfo")) check_meminfo();
+    else if (!strcmp(c, "vmm")) check_vmm(a);
+    else if (!strcmp(c, "graph")) check_graph(a);
+    else if (!strcmp(c, "capture")) check_capture(a);
+    else if (!strcmp(c, "threads")) check_threads(a, b);
+    else if (!strcmp(c, "fork")) check_fork();
+    else if (!strcmp(c, "hold")) check_hold(a, b);
+    else return 2;
+    return 0;
+}

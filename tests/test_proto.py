@@ -1,0 +1,83 @@
+"""tgs_runtime/proto.py mirrors libshim/include/tgs_proto.h: every struct's size, every
+field's offset and size, every constant."""
+from __future__ import annotations
+
+import ctypes as C
+import json
+import subprocess
+
+import pytest
+
+from tgs_runtime import proto
+from tgs_runtime.paths import REPO_ROOT
+
+
+@pytest.fixture(scope="module")
+def c_layout(tmp_path_factory):
+    lines = ['#include <stdio.h>', '#include <stddef.h>', '#include "tgs_proto.h"', "int main(void) {",
+             '  printf("{\\"structs\\": {");']
+    for i, s in enumerate(proto.STRUCTS):
+        name = s._c_name_
+        lines.append(f'  printf("%s\\"{name}\\": {{\\"size\\": %zu, \\"fields\\": {{", "{"," if i else ""}", '
+                     f"sizeof(struct {name}));")
+        for j, (field, _) in enumerate(s._fields_):
+            lines.append(f'  printf("%s\\"{field}\\": [%zu, %zu]", "{"," if j else ""}", offsetof(struct {name}, {field}), '
+                         f"sizeof(((struct {name} *)0)->{field}));")
+        lines.append('  printf("}}");')
+    lines.append('  printf("}, \\"constants\\": {");')
+    for i, name in enumerate(proto.CONSTANTS):
+        lines.append(f'  printf("%s\\"{name}\\": %llu", "{"," if i else ""}", (unsigned long long)({name}));')
+    lines.append('  printf("}, \\"strings\\": {");')
+    for i, name in enumerate(proto.STRINGS):
+        lines.append(f'  printf("%s\\"{name}\\": \\"%s\\"", "{"," if i else ""}", {name});')
+    lines += ['  printf("}}\\n");', "  return 0;", "}"]
+    d = tmp_path_factory.mktemp("proto")
+    src, exe = d / "layout.c", d / "layout"
+    src.write_text("\n".join(lines) + "\n")
+    subprocess.run(["cc", "-Wall", "-Werror", f"-I{REPO_ROOT / 'libshim' / 'include'}", str(src), "-o", str(exe)],
+                   check=True, capture_output=True, text=True)
+    return json.loads(subprocess.run([str(exe)], capture_output=True, text=True, check=True).stdout)
+
+
+@pytest.mark.parametrize("struct", proto.STRUCTS, ids=lambda s: s._c_name_)
+def test_struct_layouts_agree(c_layout, struct):
+    c = c_layout["structs"][struct._c_name_]
+    assert C.sizeof(struct) == c["size"]
+    for field, ftype in struct._fields_:
+        assert [getattr(struct, field).offset, C.sizeof(ftype)] == c["fields"][field], field
+
+
+def test_structs_have_no_hidden_padding(c_layout):
+    for struct in proto.STRUCTS:
+        c = c_layout["structs"][struct._c_name_]
+        end = max(off + size for off, size in c["fields"].values())
+        assert end == c["size"], f"{struct._c_name_} has {c['size'] - end} bytes of tail padding"
+
+
+def test_constants_agree(c_layout):
+    assert c_layout["constants"] == proto.CONSTANTS
+    assert c_layout["strings"] == proto.STRINGS
+
+
+def test_control_block_pages():
+    assert proto.Control.daemon.offset == proto.DAEMON_OFFSET
+    assert proto.Control.shim.offset == proto.SHIM_OFFSET
+    assert C.sizeof(proto.Control) == proto.CONTROL_SIZE
+
+
+def test_parse_refuses_what_breaks_the_contract():
+    hello = proto.message(proto.MsgHello, pid=1)
+    assert isinstance(proto.parse(bytes(hello)), proto.MsgHello)
+    with pytest.raises(proto.ProtocolError, match="shorter than a header"):
+        proto.parse(b"\0" * 8)
+    bad = bytearray(bytes(hello))
+    bad[0] = 0
+    with pytest.raises(proto.ProtocolError, match="bad magic"):
+        proto.parse(bytes(bad))
+    with pytest.raises(proto.ProtocolError, match="expected"):
+        proto.parse(bytes(hello) + b"\0")
+    other = proto.message(proto.MsgHello, type_=proto.MsgType.BYE)
+    with pytest.raises(proto.ProtocolError):
+        proto.parse(bytes(other))
+    with pytest.raises(proto.ProtocolError, match="larger than"):
+        proto.frame(b"\0" * (proto.MAX_FRAME + 1))

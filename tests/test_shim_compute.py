@@ -1,0 +1,134 @@
+"""Compute sharing through libtgs.so on the simulated GPU: budgets, gating, counting.
+Budgets are written into control blocks directly (tests/harness/shimside.py); bounds are
+loose and read from simgpu's own accounting."""
+from __future__ import annotations
+
+import json
+import subprocess
+import time
+
+from harness.shimside import counters
+from tgs_runtime import proto, sim
+from tgs_runtime.workload import Workload
+
+BLOCKS = 108  # simgpu's SM count: the workload launches one block per SM
+GPU_BOUND = Workload(kernel_us=1000, kernels=10, seconds=6, report_s=0.5)
+HALF = Workload.with_duty(0.5, period_ms=20, kernels=10, seconds=4, report_s=0.5)
+
+
+def rate_between(simgpu, label, seconds):
+    a = sim.contexts(simgpu.status())[label]
+    time.sleep(seconds)
+    b = sim.contexts(simgpu.status())[label]
+    return (b["kernels"] - a["kernels"]) / seconds, (b["busy_ns"] - a["busy_ns"]) / 1e9 / seconds
+
+
+def test_opportunistic_runs_near_its_budget(simgpu, container, libshim):
+    c = container(proto.Class.OPPORTUNISTIC)
+    c.control.set_budget(0, rate=BLOCKS * 200, burst=BLOCKS * 2)
+    p = simgpu.workload(GPU_BOUND, "opp", c.env(libshim.shim))
+    simgpu.wait_for_contexts(["opp"])
+    time.sleep(0.5)
+    rate, _ = rate_between(simgpu, "opp", 2.5)
+    p.kill()
+    assert 150 <= rate <= 250, f"budget 200 kernels/s, ran {rate:.0f}/s"
+    ctr = counters(c)
+    assert ctr["waits"] > 100 and ctr["throttled_ns"] > 1e9, ctr
+    assert ctr["blocks"] == ctr["launches"] * BLOCKS
+
+
+def test_production_keeps_its_engine_beside_a_budgeted_opportunistic_job(simgpu, container, libshim):
+    prod = container(proto.Class.PRODUCTION, "prod")
+    opp = container(proto.Class.OPPORTUNISTIC, "opp")
+    opp.control.set_budget(0, rate=BLOCKS * 200, burst=BLOCKS, inflight=2)
+    alone = simgpu.workload(HALF, "prod-alone", prod.env(libshim.shim))
+    simgpu.wait_for_contexts(["prod-alone"])
+    time.sleep(0.5)
+    _, busy_alone = rate_between(simgpu, "prod-alone", 2.5)
+    alone.wait()
+    p = simgpu.workload(HALF, "prod", prod.env(libshim.shim))
+    o = simgpu.workload(GPU_BOUND, "opp", opp.env(libshim.shim))
+    simgpu.wait_for_contexts(["prod", "opp"])
+    time.sleep(0.5)
+    before = simgpu.status()
+    time.sleep(2.5)
+    after = simgpu.status()
+    o.kill()
+    p.wait()
+    busy = sim.busy_between(before, after)
+    kernels = sim.contexts(after)["opp"]["kernels"] - sim.contexts(before)["opp"]["kernels"]
+    assert busy["prod"] >= 0.85 * busy_alone * 2.5, f"production had {busy_alone:.2f}/s alone, {busy['prod'] / 2.5:.2f}/s shared"
+    assert 150 <= kernels / 2.5 <= 250, f"opportunistic at {kernels / 2.5:.0f} kernels/s, budget 200"
+    assert counters(prod)["launches"] > 0 and counters(prod)["throttled_ns"] == 0, "production is never throttled"
+
+
+def test_eight_threads_share_one_budget(simgpu, container, libshim, c_programs):
+    c = container(proto.Class.OPPORTUNISTIC)
+    c.control.set_budget(0, rate=BLOCKS * 200, burst=BLOCKS * 2)
+    exe = c_programs("shim_checks.c", link_cuda=True)
+    proc = subprocess.run([str(exe), "threads", "8", "3"], env=simgpu.env("threads", c.env(libshim.shim)),
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    rate = json.loads(proc.stdout)["kernels_per_s"]
+    assert 150 <= rate <= 250, f"8 threads under a 200 kernels/s budget ran {rate:.0f}/s"
+
+
+def test_two_processes_of_one_container_share_its_budget(simgpu, container, libshim):
+    c = container(proto.Class.OPPORTUNISTIC)
+    c.control.set_budget(0, rate=BLOCKS * 200, burst=BLOCKS * 2)
+    a = simgpu.workload(GPU_BOUND, "a", c.env(libshim.shim))
+    b = simgpu.workload(GPU_BOUND, "b", c.env(libshim.shim))
+    simgpu.wait_for_contexts(["a", "b"])
+    time.sleep(0.5)
+    before = simgpu.status()
+    time.sleep(2.5)
+    after = simgpu.status()
+    a.kill()
+    b.kill()
+    ka, kb = (sim.contexts(after)[x]["kernels"] - sim.contexts(before)[x]["kernels"] for x in "ab")
+    assert 150 <= (ka + kb) / 2.5 <= 250, f"together {(ka + kb) / 2.5:.0f} kernels/s, budget 200"
+
+
+def test_opportunistic_waits_while_production_is_busy(simgpu, container, libshim):
+    prod = container(proto.Class.PRODUCTION, "prod")
+    opp = container(proto.Class.OPPORTUNISTIC, "opp")
+    p = simgpu.workload(Workload(kernel_us=1000, kernels=10, seconds=3), "prod", prod.env(libshim.shim))
+    simgpu.wait_for_contexts(["prod"])
+    o = simgpu.workload(Workload(kernel_us=1000, kernels=10, seconds=30, report_s=0.5), "opp", opp.env(libshim.shim))
+    time.sleep(1.5)
+    mid = simgpu.status()
+    kernels_while_busy = sim.contexts(mid).get("opp", {"kernels": 0})["kernels"]
+    p.wait()
+    time.sleep(1.0)
+    rate_after, _ = rate_between(simgpu, "opp", 1.0)
+    o.kill()
+    assert kernels_while_busy < 60, f"opportunistic ran {kernels_while_busy} kernels beside GPU-bound production"
+    assert counters(opp)["throttled_ns"] > 0.5e9
+    assert rate_after > 700, f"once production is done it runs freely ({rate_after:.0f} kernels/s)"
+
+
+def test_graphs_count_their_kernel_nodes_and_capture_counts_nothing(simgpu, container, libshim, c_programs):
+    c = container(proto.Class.PRODUCTION)
+    exe = c_programs("shim_checks.c", link_cuda=True)
+    env = simgpu.env("graph", c.env(libshim.shim))
+    proc = subprocess.run([str(exe), "capture", "5"], env=env, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stdout
+    assert counters(c)["launches"] == 0, "work launched on a capturing stream is not counted"
+    proc = subprocess.run([str(exe), "graph", "10"], env=env, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stdout
+    ctr = counters(c)
+    assert ctr["launches"] == 30 and ctr["blocks"] == 30 * BLOCKS, ctr
+    assert ctr["syncs"] >= 1
+
+
+def test_stale_heartbeat_slides_opportunistic_work_to_the_floor(simgpu, container, libshim):
+    c = container(proto.Class.OPPORTUNISTIC, serve=False, heartbeat=False)
+    c.control.set_budget(0, rate=proto.RATE_UNLIMITED, floor=BLOCKS * 50, burst=BLOCKS)
+    p = simgpu.workload(GPU_BOUND, "floor", c.env(libshim.shim))
+    simgpu.wait_for_contexts(["floor"])
+    time.sleep(0.3)
+    rate, _ = rate_between(simgpu, "floor", 2.0)
+    p.kill()
+    p.wait()
+    assert 35 <= rate <= 65, f"with tgsd gone it should run at its floor of 50 kernels/s, ran {rate:.0f}/s"
+    assert p.stderr.count("tgsd is not reachable") == 1, p.stderr

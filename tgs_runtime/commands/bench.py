@@ -1,0 +1,40 @@
+"""`tgs bench NAME`: the experiments in bench/ (they run from a source checkout)."""
+from __future__ import annotations
+
+import importlib
+import sys
+from pathlib import Path
+
+import click
+
+from tgs_runtime.paths import REPO_ROOT, MissingArtifact
+
+BENCHMARKS = {
+    "launch": "what libtgs.so adds to a kernel launch (ns and instructions)",
+}
+
+
+@click.command("bench")
+@click.argument("name", type=click.Choice(sorted(BENCHMARKS)))
+@click.option("--json", "json_path", type=click.Path(dir_okay=False, path_type=Path),
+              help="Write the JSON result here (default bench/results/NAME/NAME.json).")
+@click.option("--quick", is_flag=True, help="A short run, to check that it works; not for figures.")
+def bench_cmd(name: str, json_path: Path | None, quick: bool) -> None:
+    """Run benchmark NAME side by side in one run, and write JSON, a Markdown table and plots.
+
+    \b
+    launch      what libtgs.so adds to a kernel launch (ns and instructions)
+    """
+    if not (REPO_ROOT / "bench" / "__init__.py").exists():
+        raise click.ClickException(f"the benchmarks live in a source checkout's bench/ ({REPO_ROOT / 'bench'} is missing)")
+    if str(REPO_ROOT) not in sys.path:
+        sys.path.insert(0, str(REPO_ROOT))
+    module = importlib.import_module(f"bench.{name}")
+    try:
+        module.run(echo=click.echo, quick=quick, json_path=json_path)
+    except MissingArtifact as e:
+        raise click.ClickException(str(e)) from e
+
+
+def register(group: click.Group) -> None:
+    group.add_command(bench_cmd)

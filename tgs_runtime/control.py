@@ -1,0 +1,207 @@
+"""The files tgsd shares with the shims (tgs_proto.h): a container's directory, its
+control block, and the per-GPU production activity files. tgsd creates and writes them;
+the tests that exercise libtgs.so without tgsd use the same code."""
+from __future__ import annotations
+
+import ctypes as C
+import mmap
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from tgs_runtime import proto
+
+
+@dataclass(frozen=True)
+class StatePaths:
+    """Where everything lives under tgsd's state_dir (ARCHITECTURE.md, "Paths")."""
+
+    state_dir: Path
+
+    @property
+    def admin_socket(self) -> Path:
+        return self.state_dir / proto.ADMIN_SOCKET_NAME
+
+    def activity(self, uuid: str) -> Path:
+        return self.state_dir / proto.ACTIVITY_DIR / uuid
+
+    def container(self, cid: str) -> "ContainerPaths":
+        return ContainerPaths(self.state_dir / "c" / cid)
+
+    @property
+    def containers(self) -> Path:
+        return self.state_dir / "c"
+
+
+@dataclass(frozen=True)
+class ContainerPaths:
+    dir: Path
+
+    @property
+    def socket(self) -> Path:
+        return self.dir / proto.SOCKET_NAME
+
+    @property
+    def control(self) -> Path:
+        return self.dir / proto.CONTROL_NAME
+
+    @property
+    def registration(self) -> Path:
+        return self.dir / proto.REGISTRATION_NAME
+
+    def activity(self, uuid: str) -> Path:
+        return self.dir / proto.ACTIVITY_DIR / uuid
+
+
+class ControlFileError(RuntimeError):
+    """A control block or activity file that is missing or does not follow the contract."""
+
+
+class _Mapped:
+    """A file mapped shared, seen through a ctypes structure."""
+
+    struct: type[C.Structure]
+    size: int
+
+    def __init__(self, path: Path, mm: mmap.mmap):
+        self.path = path
+        self._mm = mm
+        self.view = self.struct.from_buffer(mm)
+
+    @classmethod
+    def _map(cls, path: Path, create: bool):
+        flags = os.O_RDWR | os.O_CLOEXEC | (os.O_CREAT | os.O_TRUNC if create else 0)
+        fd = os.open(path, flags, 0o644)
+        try:
+            if create:
+                os.ftruncate(fd, cls.size)
+            elif os.fstat(fd).st_size < cls.size:
+                raise ControlFileError(f"{path} is truncated ({os.fstat(fd).st_size} bytes, expected {cls.size})")
+            return cls(path, mmap.mmap(fd, cls.size, mmap.MAP_SHARED))
+        finally:
+            os.close(fd)
+
+    def close(self) -> None:
+        if self._mm is not None:
+            del self.view
+            self._mm.close()
+            self._mm = None
+
+
+class ControlBlock(_Mapped):
+    struct = proto.Control
+    size = proto.CONTROL_SIZE
+
+    @classmethod
+    def create(cls, path: Path, klass: proto.Class, gpus: list[str], *, convert: bool = True,
+               stale_ms: int = 2000) -> "ControlBlock":
+        if len(gpus) > proto.MAX_GPUS:
+            raise ControlFileError(f"{len(gpus)} GPUs: a container may use at most {proto.MAX_GPUS}")
+        cb = cls._map(Path(path), create=True)
+        v = cb.view
+        d = v.daemon
+        d.cls = int(klass)
+        d.ngpus = len(gpus)
+        d.stale_ms = stale_ms
+        d.convert = 1 if convert or klass == proto.Class.OPPORTUNISTIC else 0
+        for i, uuid in enumerate(gpus):
+            b = d.gpu[i]
+            b.uuid = proto.uuid_bytes(uuid)
+            b.rate_blocks_per_s = proto.RATE_UNLIMITED
+            b.flags = proto.GPU_GATE
+        h = v.header
+        h.version = proto.PROTO_VERSION
+        h.size = proto.CONTROL_SIZE
+        h.header_size = C.sizeof(proto.ControlHeader)
+        h.daemon_offset = proto.DAEMON_OFFSET
+        h.daemon_size = C.sizeof(proto.DaemonPart)
+        h.shim_offset = proto.SHIM_OFFSET
+        h.shim_size = C.sizeof(proto.ShimPart)
+        h.magic = proto.CONTROL_MAGIC  # last: the block is complete
+        return cb
+
+    @classmethod
+    def open(cls, path: Path) -> "ControlBlock":
+        cb = cls._map(Path(path), create=False)
+        h = cb.view.header
+        if h.magic != proto.CONTROL_MAGIC or h.size != proto.CONTROL_SIZE:
+            cb.close()
+            raise ControlFileError(f"{path} is not a TGS control block (magic {h.magic:#x})")
+        return cb
+
+    @property
+    def version(self) -> int:
+        return self.view.header.version
+
+    @property
+    def daemon(self) -> proto.DaemonPart:
+        return self.view.daemon
+
+    @property
+    def shim(self) -> proto.ShimPart:
+        return self.view.shim
+
+    def budget(self, slot: int) -> proto.GpuBudget:
+        return self.view.daemon.gpu[slot]
+
+    def counters(self, slot: int) -> proto.GpuCounters:
+        return self.view.shim.gpu[slot]
+
+    def set_budget(self, slot: int, *, rate: int | None = None, burst: int | None = None, floor: int | None = None,
+                   inflight: int | None = None, quota: int | None = None, view_total: int | None = None,
+                   gate: bool | None = None) -> None:
+        b = self.view.daemon.gpu[slot]
+        if rate is not None:
+            b.ns_per_block_fp = proto.ns_per_block_fp(rate)
+            b.rate_blocks_per_s = rate
+        if burst is not None:
+            b.burst_blocks = burst
+        if floor is not None:
+            b.floor_blocks_per_s = floor
+        if inflight is not None:
+            b.inflight_max = inflight
+        if quota is not None:
+            b.mem_quota_bytes = quota
+        if view_total is not None:
+            b.mem_view_total_bytes = view_total
+        if gate is not None:
+            b.flags = (b.flags | proto.GPU_GATE) if gate else (b.flags & ~proto.GPU_GATE)
+        self.view.daemon.generation += 1
+
+    def heartbeat(self, now_ns: int | None = None) -> None:
+        self.view.daemon.heartbeat_ns = time.monotonic_ns() if now_ns is None else now_ns
+
+
+class ActivityFile(_Mapped):
+    struct = proto.Activity
+    size = proto.ACTIVITY_SIZE
+
+    @classmethod
+    def create(cls, path: Path) -> "ActivityFile":
+        """Creates the file if it is missing, keeping a live one's bytes (a restarted tgsd)."""
+        path = Path(path)
+        if path.exists() and path.stat().st_size >= cls.size:
+            try:
+                return cls.open(path)
+            except ControlFileError:
+                pass
+        af = cls._map(path, create=True)
+        af.view.version = proto.PROTO_VERSION
+        af.view.nslots = proto.ACTIVITY_SLOTS
+        af.view.magic = proto.ACTIVITY_MAGIC
+        return af
+
+    @classmethod
+    def open(cls, path: Path) -> "ActivityFile":
+        af = cls._map(Path(path), create=False)
+        if af.view.magic != proto.ACTIVITY_MAGIC:
+            af.close()
+            raise ControlFileError(f"{path} is not a TGS activity file")
+        return af
+
+    def busy_slots(self) -> list[int]:
+        return [i for i, b in enumerate(self.view.busy) if b]
+
+    def clear(self, slot: int) -> None:
+        self.view.busy[slot] = 0

@@ -9,6 +9,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from harness.build import build_libshim, compile_c  # noqa: E402
+from harness.daemon import Tgsd  # noqa: E402
 from harness.shimside import Host, ShimContainer  # noqa: E402
 from harness.simgpu import SimGPU  # noqa: E402
 from tgs_runtime import proto  # noqa: E402
@@ -60,3 +61,19 @@ def container(host, simgpu):
     yield make
     for c in made:
         c.close()
+
+
+@pytest.fixture
+def tgsd(simgpu, tmp_path):
+    """Starts a real tgsd on the test's simulated GPU: tgsd() or tgsd(toml="[control]\nshare = \"las\"")."""
+    started = []
+
+    def start(toml: str = "") -> Tgsd:
+        d = Tgsd(simgpu, tmp_path / f"tgsd{len(started)}", toml)
+        d.workdir.mkdir(parents=True, exist_ok=True)
+        started.append(d)
+        return d.start()
+
+    yield start
+    for d in started:
+        d.close()

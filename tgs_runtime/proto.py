@@ -105,7 +105,8 @@ class GpuBudget(Struct):
     _c_name_ = "tgs_gpu_budget"
     _fields_ = [("uuid", C.c_char * UUID_LEN), ("rate_blocks_per_s", u64), ("ns_per_block_fp", u64),
                 ("burst_blocks", u64), ("floor_blocks_per_s", u64), ("mem_quota_bytes", u64),
-                ("mem_view_total_bytes", u64), ("inflight_max", u32), ("flags", u32), ("reserved", u64 * 4)]
+                ("mem_view_total_bytes", u64), ("inflight_max", u32), ("flags", u32), ("released_bytes", u64),
+                ("reserved", u64 * 3)]
 
 
 class DaemonPart(Struct):

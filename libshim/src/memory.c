@@ -112,9 +112,16 @@ void tgs_memory_resend(void) {
 
 /* ---------- quota ---------- */
 
+/* The container's footprint: what its shims added, less what tgsd says died with
+ * processes that never freed it. */
+static uint64_t footprint(struct tgs_gpu *g, uint64_t counted) {
+    uint64_t released = g->budget->released_bytes;
+    return counted > released ? counted - released : 0;
+}
+
 static int quota_reserve(struct tgs_gpu *g, uint64_t size) {
     uint64_t quota = g->budget->mem_quota_bytes;
-    uint64_t now = __atomic_add_fetch(&g->ctr->footprint_bytes, size, __ATOMIC_RELAXED);
+    uint64_t now = footprint(g, __atomic_add_fetch(&g->ctr->footprint_bytes, size, __ATOMIC_RELAXED));
     if (quota && g_tgs.cls == TGS_CLASS_OPPORTUNISTIC && now > quota) {
         __atomic_fetch_sub(&g->ctr->footprint_bytes, size, __ATOMIC_RELAXED);
         tgs_log(TGS_LOG_DEBUG, "allocation of %llu bytes refused: past the quota of %llu", (unsigned long long)size,
@@ -341,7 +348,7 @@ TGS_HIDDEN int tgs_memory_view(struct tgs_gpu *g, uint64_t *total, uint64_t *use
     uint64_t view = g->budget->mem_view_total_bytes;
     if (!view)
         return 0;
-    uint64_t foot = __atomic_load_n(&g->ctr->footprint_bytes, __ATOMIC_RELAXED);
+    uint64_t foot = footprint(g, __atomic_load_n(&g->ctr->footprint_bytes, __ATOMIC_RELAXED));
     *total = view;
     *used = foot < view ? foot : view; /* never negative, never wrapped */
     return 1;

@@ -1,0 +1,161 @@
+"""The controllers, sharing policies and residency planner as pure logic: fed synthetic
+samples, no processes."""
+from __future__ import annotations
+
+from tgs_runtime.config import ControlConfig, Controller, Share
+from tgs_runtime.daemon import residency
+from tgs_runtime.daemon.controllers import (UNLIMITED, Claimant, FastController, PaperController, Sample, ShareState,
+                                            make_controller, split)
+from tgs_runtime.proto import OrderOp
+
+DT = 0.1
+
+
+class Rig:
+    """Production at `solo` blocks/s alone; opportunistic work costs production `harm`
+    blocks/s per opportunistic block/s it runs, up to `capacity` blocks/s."""
+
+    def __init__(self, ctl, solo=50_000.0, harm=0.0, capacity=100_000.0):
+        self.ctl, self.solo, self.harm, self.capacity, self.t = ctl, solo, harm, capacity, 0.0
+        self.budget = None
+
+    def run(self, seconds, production=True, opportunistic=True):
+        for _ in range(round(seconds / DT)):
+            self.t += DT
+            rate = self.budget.rate if self.budget else UNLIMITED
+            opp = 0.0 if not opportunistic else min(self.capacity, float(rate))
+            prod = max(0.0, self.solo - self.harm * opp) if production else 0.0
+            self.budget = self.ctl.step(Sample(self.t, DT, int(prod * DT), int(opp * DT), production, opportunistic))
+        return self.budget
+
+
+def fast(**kw):
+    return FastController(ControlConfig(**kw))
+
+
+def test_no_production_means_no_limit():
+    b = Rig(fast()).run(2, production=False)
+    assert (b.rate, b.gate, b.state) == (UNLIMITED, False, "free")
+
+
+def test_production_alone_is_its_solo_progress_and_opportunistic_starts_free():
+    r = Rig(fast())
+    b = r.run(2, opportunistic=False)
+    assert b.state == "solo" and abs(b.solo - 50_000) < 1
+    b = r.run(0.2)
+    assert (b.state, b.rate, b.gate) == ("run", UNLIMITED, True), "the solo figure is known: no profile"
+
+
+def test_a_new_pair_profiles_for_at_most_a_second():
+    r = Rig(fast())
+    states = []
+    for _ in range(30):
+        states.append(r.run(DT).state)
+    assert states.count("profile") * DT <= 1.0 + 1e-9
+    assert r.budget.state == "run" and abs(r.budget.solo - 50_000) < 1
+
+
+def test_harm_is_cut_until_production_holds():
+    r = Rig(fast(), harm=0.2)  # at 100k opportunistic blocks/s production would lose 40 %
+    r.run(2, opportunistic=False)
+    b = r.run(15)
+    prod = r.solo - 0.2 * min(r.capacity, float(b.rate))
+    assert b.rate != UNLIMITED and b.inflight == 1
+    assert prod >= 0.96 * r.solo, f"production at {prod / r.solo:.3f} of solo, opportunistic rate {b.rate}"
+    assert b.rate >= 1000, "opportunistic work is not starved"
+
+
+def test_no_harm_keeps_opportunistic_free():
+    r = Rig(fast(), harm=0.0)
+    r.run(2, opportunistic=False)
+    assert r.run(10).rate == UNLIMITED
+
+
+def test_a_production_load_change_is_followed_within_five_seconds():
+    r = Rig(fast(), harm=0.0)
+    r.run(2, opportunistic=False)
+    r.run(3)
+    r.solo = 100_000.0  # production's load doubles
+    for i in range(50):
+        b = r.run(DT)
+        if b.solo and b.solo >= 95_000:
+            break
+    assert b.solo >= 95_000 and (i + 1) * DT <= 5.0
+    r.solo = 25_000.0  # and drops to a quarter
+    for i in range(50):
+        b = r.run(DT)
+        if b.solo and b.solo <= 26_000 and b.state == "run":
+            break
+    assert b.solo <= 26_000 and (i + 1) * DT <= 5.0
+    assert b.rate == UNLIMITED, "opportunistic work gets the idle time back"
+
+
+def test_the_paper_controller_is_slow_and_stepwise():
+    cfg = ControlConfig(controller=Controller.TGS_PAPER)
+    assert isinstance(make_controller(cfg), PaperController)
+    r = Rig(PaperController(cfg), harm=0.2)
+    b = r.run(1)
+    assert b.state == "profile" and b.rate == 0 and b.gate is False and b.inflight == 0
+    b = r.run(4.5)
+    assert b.state == "slow-start", "a 5 s profile sample"
+    first = b.rate
+    b = r.run(5)
+    assert b.rate == int(first * 1.5) + 1, "slow start: x1.5 per sample"
+    b = r.run(60)
+    prod = r.solo - 0.2 * min(r.capacity, float(b.rate))
+    assert prod >= 0.9 * r.solo and b.state == "additive"
+
+
+def claimants(*specs):
+    return [Claimant(cid, attained, achieved, budget, i) for i, (cid, attained, achieved, budget) in enumerate(specs)]
+
+
+def test_fair_splits_equally_and_hands_on_what_is_unused():
+    st = ShareState()
+    rates = split(Share.FAIR, 100_000, claimants(("a", 0, 50_000, 50_000), ("b", 0, 50_000, 50_000)), st, 0.05)
+    assert rates == {"a": 50_000, "b": 50_000}
+    for _ in range(12):  # b uses little of its share for over a second
+        rates = split(Share.FAIR, 100_000, claimants(("a", 0, 50_000, rates["a"]), ("b", 0, 5_000, rates["b"])), st, 0.05)
+    assert rates["b"] < 20_000 and rates["a"] > 80_000
+
+
+def test_las_favours_least_attained_without_flapping():
+    st = ShareState()
+    rates = split(Share.LAS, 100_000, claimants(("old", 10**9, 60_000, UNLIMITED), ("new", 0, 10, UNLIMITED)), st, 0.05)
+    assert rates["new"] > 0.85 * 100_000 and rates["old"] >= 5_000
+    # near-ties keep the leader
+    rates = split(Share.LAS, 100_000, claimants(("old", 1000, 60_000, UNLIMITED), ("new", 990, 10, UNLIMITED)), st, 0.05)
+    assert rates["new"] > rates["old"]
+
+
+def test_las_without_production_still_divides():
+    st = ShareState()
+    rates = split(Share.LAS, UNLIMITED, claimants(("a", 500, 90_000, UNLIMITED), ("b", 0, 0, UNLIMITED)), st, 0.05)
+    assert rates["b"] > rates["a"] != UNLIMITED
+
+
+def test_tgs_paper_serves_one_job():
+    rates = split(Share.FAIR, 1000, claimants(("a", 0, 0, 0), ("b", 0, 0, 0)), ShareState(), 0.05, one_only=True)
+    assert rates == {"a": 1000, "b": 0}
+
+
+def rng(cid, size, evicted=False, evictable=True):
+    return residency.Range(cid, 0, size, size, evictable, evicted)
+
+
+def test_residency_evicts_largest_first_and_only_what_can_move():
+    rs = [rng("o", 100), rng("o", 300), rng("o", 50), rng("o", 1000, evictable=False)]
+    p = residency.plan(budget=1400, production_footprint=200, ranges=rs)  # 250 over
+    assert [r.size for r in p.evict] == [300] and p.over_by == 0
+    p = residency.plan(budget=1000, production_footprint=500, ranges=rs)  # 950 over, 450 can move
+    assert {r.size for r in p.evict} == {300, 100, 50} and p.over_by == 500
+
+
+def test_residency_restores_with_a_margin():
+    mb = 1 << 20
+    rs = [rng("o", 100 * mb, evicted=True), rng("o", 10 * mb, evicted=True)]
+    p = residency.plan(budget=1000 * mb, production_footprint=850 * mb, ranges=rs)
+    assert [r.size for r in p.restore] == [10 * mb], "the smallest first, and never into the margin"
+    rs[1].pending = OrderOp.RESTORE
+    p = residency.plan(budget=1000 * mb, production_footprint=850 * mb, ranges=rs)
+    assert p.restore == []

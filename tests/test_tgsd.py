@@ -1,0 +1,275 @@
+"""tgsd end to end on the simulated GPU: shims run as plain processes registered through
+the admin socket (as tgs-runtime registers containers). Bounds are loose and read from
+simgpu's own accounting; exact figures belong to bench/."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import struct
+import subprocess
+import sys
+import time
+
+import pytest
+
+from tgs_runtime import proto, sim
+from tgs_runtime.admin import Refused
+from tgs_runtime.workload import Workload
+
+HALF = Workload.with_duty(0.5, period_ms=20, kernels=10, seconds=9, report_s=0.5)
+HOG = Workload(kernel_us=1000, kernels=10, seconds=9, report_s=0.5)
+
+
+def busy(simgpu, labels, seconds):
+    before = simgpu.status()
+    time.sleep(seconds)
+    return sim.busy_between(before, simgpu.status())
+
+
+def test_production_keeps_its_engine_and_opportunistic_gets_the_idle_half(simgpu, tgsd, libshim):
+    d = tgsd()
+    prod, opp = d.register("production"), d.register("opportunistic")
+    solo = simgpu.workload(Workload.with_duty(0.5, seconds=4, report_s=0.5), "solo", prod.env(libshim.shim))
+    simgpu.wait_for_contexts(["solo"])
+    time.sleep(1)
+    alone = busy(simgpu, ["solo"], 2)["solo"] / 2
+    solo.wait()
+    p = simgpu.workload(HALF, "prod", prod.env(libshim.shim))
+    o = simgpu.workload(HOG, "opp", opp.env(libshim.shim))
+    simgpu.wait_for_contexts(["prod", "opp"])
+    time.sleep(3)
+    shared = busy(simgpu, ["prod", "opp"], 4)
+    p.wait()
+    o.wait()
+    prod_share, opp_share = shared["prod"] / 4, shared["opp"] / 4
+    assert 0.4 <= alone <= 0.55, f"the production job alone keeps the engine busy {alone:.2f} of the time"
+    assert prod_share >= 0.9 * alone, f"production: {prod_share:.3f} of the engine shared, {alone:.3f} alone"
+    assert opp_share >= 0.6 * (1 - alone), f"opportunistic got {opp_share:.3f} of the engine; idle was {1 - alone:.3f}"
+    state = d.status()["gpus"][0]["controller"]
+    assert state["state"] in ("run", "profile") and state["gate"] is True
+
+
+def test_the_controller_follows_when_production_load_doubles(simgpu, tgsd, libshim):
+    d = tgsd()
+    prod, opp = d.register("production"), d.register("opportunistic")
+    # two 25 %-duty jobs of different periods: their phases drift, so their sum is steady
+    quarter = lambda seconds, period=20: Workload.with_duty(0.25, period_ms=period, kernels=5, seconds=seconds,
+                                                            report_s=0.5)
+    # the doubled load alone, for reference
+    a, b = simgpu.workload(quarter(3.5), "ref-a", prod.env(libshim.shim)), simgpu.workload(
+        quarter(3.5, 27), "ref-b", prod.env(libshim.shim))
+    simgpu.wait_for_contexts(["ref-a", "ref-b"])
+    time.sleep(0.5)
+    ref = busy(simgpu, ["ref-a", "ref-b"], 2.5)
+    doubled_alone = (ref["ref-a"] + ref["ref-b"]) / 2.5
+    a.wait(), b.wait()
+    a = simgpu.workload(quarter(17), "prod-a", prod.env(libshim.shim))
+    o = simgpu.workload(Workload(kernel_us=1000, kernels=10, seconds=17), "opp", opp.env(libshim.shim))
+    simgpu.wait_for_contexts(["prod-a", "opp"])
+    time.sleep(4)
+    solo_before = d.status()["gpus"][0]["controller"]["solo_blocks_per_s"]
+    b = simgpu.workload(quarter(12, 27), "prod-b", prod.env(libshim.shim))
+    time.sleep(5)  # the target: the controller has followed within 5 s
+    ctl = d.status()["gpus"][0]["controller"]
+    shared = busy(simgpu, ["prod-a", "prod-b", "opp"], 3)
+    for x in (a, b, o):
+        x.wait()
+    assert solo_before and ctl["solo_blocks_per_s"] >= 1.6 * solo_before, (solo_before, ctl)
+    prod_share = (shared["prod-a"] + shared["prod-b"]) / 3
+    assert prod_share >= 0.9 * doubled_alone, f"production kept {prod_share:.2f} of the engine, {doubled_alone:.2f} alone"
+    assert shared["opp"] / 3 >= 0.25, "opportunistic still gets the idle part"
+
+
+@pytest.mark.parametrize("share", ["fair", "las"])
+def test_two_opportunistic_containers_share(simgpu, tgsd, libshim, share):
+    d = tgsd(f'[control]\nshare = "{share}"\n')
+    first, second = d.register("opportunistic"), d.register("opportunistic")
+    a = simgpu.workload(Workload(kernel_us=1000, kernels=10, seconds=10), "first", first.env(libshim.shim))
+    simgpu.wait_for_contexts(["first"])
+    time.sleep(2.5)  # the first has attained service before the second arrives
+    b = simgpu.workload(Workload(kernel_us=1000, kernels=10, seconds=7), "second", second.env(libshim.shim))
+    simgpu.wait_for_contexts(["second"])
+    time.sleep(1.0)
+    got = busy(simgpu, ["first", "second"], 2.5)
+    a.kill()
+    b.kill()
+    total = got["first"] + got["second"]
+    assert total > 2.0, f"the engine was busy {total:.2f}s of 2.5s"
+    if share == "fair":
+        assert 0.35 <= got["second"] / total <= 0.65, got
+    else:
+        assert got["second"] > 2 * got["first"], f"las favours the one with less attained service: {got}"
+
+
+def test_memory_oversubscription_protects_production(simgpu, tgsd, libshim):
+    simgpu.memory = "2G"
+    d = tgsd()
+    prod, opp = d.register("production"), d.register("opportunistic")
+    pw = Workload(kernel_us=500, kernels=4, gap_us=4000, seconds=10, param_mb=800, act_mb=400, verify=True,
+                  report_s=0.5)
+    ow = Workload(kernel_us=500, kernels=4, seconds=10, param_mb=800, act_mb=400, verify=True, report_s=0.5)
+    o = simgpu.workload(ow, "opp", opp.env(libshim.shim))
+    simgpu.wait_for_contexts(["opp"])
+    time.sleep(1)
+    p = simgpu.workload(pw, "prod", prod.env(libshim.shim))
+    assert p.wait() == 0, p.stderr
+    assert o.wait() == 0, o.stderr
+    assert p.summary().checksum_ok and o.summary().checksum_ok
+    ctx = sim.contexts(simgpu.status())
+    assert ctx["prod"]["pages_out"] == 0, "production's memory was never evicted"
+    assert ctx["opp"]["pages_out"] > 100 and ctx["opp"]["remote_bytes"] > 0, "opportunistic memory went to the host"
+    orders = [e for e in d.events() if e.get("event") == "memory order"]
+    assert orders and all(e["container"] == opp.id for e in orders)
+    assert any(e["op"] == "evict" for e in orders)
+
+
+def test_opportunistic_quota(simgpu, tgsd, libshim):
+    simgpu.memory = "2G"
+    d = tgsd('[memory]\nopportunistic_quota = "25%"\n')
+    opp = d.register("opportunistic")
+    p = simgpu.run(Workload(seconds=0.5, param_mb=400, act_mb=200), "over", opp.env(libshim.shim))
+    assert p.popen.returncode == 3 and "CUDA_ERROR_OUT_OF_MEMORY" in p.stdout
+    ok = simgpu.run(Workload(seconds=0.5, param_mb=300, act_mb=200), "under", opp.env(libshim.shim))
+    assert ok.popen.returncode == 0, ok.stderr
+
+
+def test_kill_9_of_tgsd_then_restart(simgpu, tgsd, libshim):
+    d = tgsd()
+    prod, opp = d.register("production"), d.register("opportunistic")
+    p = simgpu.workload(Workload.with_duty(0.5, seconds=12, report_s=0.5, verify=True), "prod", prod.env(libshim.shim))
+    o = simgpu.workload(Workload(kernel_us=1000, kernels=10, seconds=12, verify=True), "opp", opp.env(libshim.shim))
+    simgpu.wait_for_contexts(["prod", "opp"])
+    time.sleep(2)
+    d.kill9()
+    time.sleep(1.5)
+    d.start()
+    d.wait_event("container taken back after a restart", container=prod.id)
+    d.wait_event("container taken back after a restart", container=opp.id)
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        st = {c["id"]: c for c in d.status()["gpus"][0]["containers"]}
+        if st.get(prod.id, {}).get("processes") and st.get(opp.id, {}).get("processes"):
+            break
+        time.sleep(0.2)
+    assert st[prod.id]["processes"] == 1 and st[opp.id]["processes"] == 1, "the shims reconnected"
+    assert p.wait() == 0 and o.wait() == 0
+    assert p.summary().checksum_ok and o.summary().checksum_ok
+    assert p.stderr.count("lost tgsd") == 1 and o.stderr.count("lost tgsd") == 1, "one warning per outage"
+
+
+def test_a_killed_workload_and_a_dead_container_are_released(simgpu, tgsd, libshim):
+    d = tgsd()
+    opp = d.register("opportunistic")
+    w = simgpu.workload(Workload(kernel_us=1000, kernels=10, seconds=30, param_mb=64, act_mb=64), "victim",
+                        opp.env(libshim.shim))
+    deadline = time.monotonic() + 10
+    while not (d.container(opp.id) or {}).get("processes") or d.container(opp.id)["memory"]["resident"] < 128 << 20:
+        assert time.monotonic() < deadline, d.container(opp.id)
+        time.sleep(0.1)
+    w.kill()
+    w.wait()
+    time.sleep(0.3)
+    c = d.container(opp.id)
+    assert c["processes"] == 0 and c["memory"]["resident"] == 0, "the process's memory is forgotten"
+    assert c["memory"]["footprint"] == 0, "what the killed process held no longer counts against the container"
+    opp.init.kill()
+    opp.init.wait()
+    time.sleep(0.3)
+    assert d.container(opp.id) is None, "a dead container is released within a control period"
+    assert not opp.dir.exists()
+
+
+def test_unattached_reservations_are_dropped(simgpu, tgsd):
+    d = tgsd("[daemon]\nreservation_timeout_s = 1\n")
+    reply = d.admin.reserve("never", "opportunistic", ["0"])
+    time.sleep(1.6)
+    assert d.container("never") is None
+    assert not os.path.exists(reply["dir"])
+    d.wait_event("container released", container="never")
+
+
+def test_bad_requests_are_refused_with_a_reason(simgpu, tgsd):
+    d = tgsd()
+    with pytest.raises(Refused, match="class 'batch'"):
+        d.admin.reserve("a", "batch", ["0"])
+    with pytest.raises(Refused, match="GPU '7'|GPU 7"):
+        d.admin.reserve("a", "production", ["7"])
+    with pytest.raises(Refused, match="no GPUs"):
+        d.admin.reserve("a", "production", [])
+    with pytest.raises(Refused, match="container id"):
+        d.admin.reserve("../etc", "production", ["0"])
+    with pytest.raises(Refused, match="not reserved"):
+        d.admin.attach("ghost", os.getpid())
+    with pytest.raises(Refused, match="unknown operation"):
+        d.admin.call("explode")
+    d.admin.reserve("twice", "production", ["0"])
+    d.admin.reserve("twice", "production", ["0"])  # the same again is fine
+    with pytest.raises(Refused, match="already registered"):
+        d.admin.reserve("twice", "opportunistic", ["0"])
+
+
+def _raw(path, data: bytes) -> bytes:
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+        s.settimeout(5)
+        s.connect(str(path))
+        s.sendall(data)
+        try:
+            return s.recv(100)
+        except (ConnectionResetError, socket.timeout):
+            return b""
+
+
+def test_garbage_closes_only_that_connection(simgpu, tgsd, libshim):
+    d = tgsd()
+    opp = d.register("opportunistic")
+    w = simgpu.workload(Workload(kernel_us=1000, kernels=10, seconds=6), "steady", opp.env(libshim.shim))
+    simgpu.wait_for_contexts(["steady"])
+    admin = d.state_dir / "tgsd.sock"
+    assert _raw(admin, struct.pack("<I", 1 << 24)) == b""          # oversized
+    assert _raw(admin, struct.pack("<I", 5) + b"{{{{{") == b""      # not JSON
+    sock = opp.dir / "tgs.sock"
+    assert _raw(sock, struct.pack("<I", 1 << 24)) == b""
+    assert _raw(sock, struct.pack("<I", 16) + b"\x01" * 16) == b""
+    assert d.status()["gpus"][0]["containers"][0]["processes"] == 1, "the shim's own connection is untouched"
+    assert w.wait() == 0 and "pass-through" not in w.stderr
+    assert sum(1 for e in d.events() if e.get("event") == "closing a connection: bad message") == 2
+
+
+def test_malformed_config_refuses_to_start(tmp_path):
+    cfg = tmp_path / "bad.toml"
+    cfg.write_text('[control]\ncontroller = "slowest"\n')
+    proc = subprocess.run([sys.executable, "-m", "tgs_runtime.daemon.main", "--config", str(cfg)],
+                          capture_output=True, text=True, timeout=30)
+    assert proc.returncode == 2
+    assert "control.controller = 'slowest': expected one of 'fast', 'tgs-paper'" in proc.stderr
+
+
+def test_sighup_reloads_what_can_change(simgpu, tgsd):
+    d = tgsd()
+    text = d.config.read_text().replace("[daemon]\n", "[daemon]\ncontrol_period_ms = 50\n")
+    d.config.write_text(text + '[control]\nshare = "las"\n')
+    d.proc.send_signal(signal.SIGHUP)
+    d.wait_event("config changed", key="control.share")
+    d.wait_event("config changed", key="daemon.control_period_ms")
+    assert d.status()["daemon"]["share"] == "las"
+
+
+def test_status_schema(simgpu, tgsd, libshim):
+    d = tgsd()
+    opp = d.register("opportunistic")
+    out = subprocess.run([sys.executable, "-m", "tgs_runtime", "status", "--json", "--state-dir", str(d.state_dir)],
+                         capture_output=True, text=True, timeout=30)
+    assert out.returncode == 0, out.stderr
+    st = json.loads(out.stdout)
+    assert set(st) == {"version", "daemon", "gpus"}
+    g = st["gpus"][0]
+    assert {"index", "uuid", "name", "memory_total", "memory_budget", "controller", "containers"} <= set(g)
+    c = g["containers"][0]
+    assert c["id"] == opp.id and c["class"] == "opportunistic"
+    assert {"budget_blocks_per_s", "inflight_max", "progress_blocks_per_s", "attained_blocks", "memory"} <= set(c)
+    assert {"footprint", "resident", "evicted", "quota"} <= set(c["memory"])
+    human = subprocess.run([sys.executable, "-m", "tgs_runtime", "status", "--state-dir", str(d.state_dir)],
+                           capture_output=True, text=True, timeout=30)
+    assert opp.id in human.stdout and "opportunistic" in human.stdout

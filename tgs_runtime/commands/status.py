@@ -1,0 +1,60 @@
+"""`tgs status`: what tgsd is doing, per GPU."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import click
+
+from tgs_runtime import config as configmod
+from tgs_runtime.admin import AdminClient, DaemonUnavailable, Refused
+from tgs_runtime.units import format_size
+
+
+def _mem(n) -> str:
+    return "-" if n is None else format_size(int(n))
+
+
+@click.command("status")
+@click.option("--json", "as_json", is_flag=True, help="Print tgsd's status document (schema: docs/status.md).")
+@click.option("--config", "config_path", type=click.Path(dir_okay=False, path_type=Path),
+              help="Config file naming tgsd's state_dir (default /etc/tgs/config.toml).")
+@click.option("--state-dir", type=click.Path(file_okay=False, path_type=Path), help="tgsd's state_dir.")
+def status_cmd(as_json: bool, config_path: Path | None, state_dir: Path | None) -> None:
+    """Show each GPU: its containers, class, budget, progress, memory resident and evicted."""
+    try:
+        if state_dir is None:
+            state_dir = configmod.load(config_path).daemon.state_dir
+        st = AdminClient(state_dir).status()
+    except (configmod.ConfigError, DaemonUnavailable, Refused) as e:
+        raise click.ClickException(str(e)) from e
+    st.pop("ok", None)
+    if as_json:
+        click.echo(json.dumps(st, indent=2))
+        return
+    d = st["daemon"]
+    click.echo(f"tgsd {d['version']} (pid {d['pid']}, up {d['uptime_s']:.0f}s): controller {d['controller']}, "
+               f"share {d['share']}, state {d['state_dir']}")
+    for g in st["gpus"]:
+        ctl = g["controller"]
+        rate = "unlimited" if ctl["rate_blocks_per_s"] is None else f"{ctl['rate_blocks_per_s']:.0f} blocks/s"
+        solo = "-" if ctl["solo_blocks_per_s"] is None else f"{ctl['solo_blocks_per_s']:.0f}"
+        click.echo(f"\nGPU {g['index']} {g['uuid']} {g['name']}: memory budget {_mem(g['memory_budget'])} of "
+                   f"{_mem(g['memory_total'])}\n  controller {ctl['state']}: opportunistic {rate}, production "
+                   f"{ctl['production_progress_blocks_per_s']:.0f} blocks/s (solo {solo})")
+        if not g["containers"]:
+            click.echo("  no containers")
+            continue
+        click.echo(f"  {'container':<20} {'class':<14} {'procs':>5} {'budget/s':>10} {'progress/s':>11} "
+                   f"{'footprint':>10} {'resident':>9} {'evicted':>8}")
+        for c in g["containers"]:
+            budget = "-" if c["class"] == "production" else (
+                "unlimited" if c["budget_blocks_per_s"] is None else f"{c['budget_blocks_per_s']:.0f}")
+            m = c["memory"]
+            click.echo(f"  {c['id'][:20]:<20} {c['class']:<14} {c['processes']:>5} {budget:>10} "
+                       f"{c['progress_blocks_per_s']:>11.0f} {_mem(m['footprint']):>10} {_mem(m['resident']):>9} "
+                       f"{_mem(m['evicted']):>8}")
+
+
+def register(group: click.Group) -> None:
+    group.add_command(status_cmd)

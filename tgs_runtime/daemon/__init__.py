@@ -1,0 +1,1 @@
+"""tgsd: the host daemon that arbitrates GPU time and unified memory between containers."""

@@ -1,0 +1,387 @@
+"""Rate control, one controller per GPU (ARCHITECTURE.md, "Compute sharing").
+
+Every control period the daemon feeds a controller one Sample (the thread blocks
+production and opportunistic containers launched on the GPU in that period) and gets
+the GPU's opportunistic budget back: a total rate in blocks per second, the in-flight
+bound and whether opportunistic launches wait for production. A sharing policy then
+splits the total among the GPU's opportunistic containers. Pure logic: no clocks, no I/O.
+
+- `fast` (the default): production's solo progress S comes from periods when it runs
+  alone, or from a short profile (opportunistic paused, <= 1 s). Opportunistic work starts
+  unthrottled (the shims' gating already keeps it out of production's way); when
+  production's progress P falls below (1 - tolerance) * S for a second, the rate is cut
+  multiplicatively and then ramped back while P holds. Production's own load growing (P
+  above S by 10 % for half a second) or falling (cuts that do not bring P back) triggers
+  a new profile. The first violation lowers the in-flight bound to one kernel instead; if cuts
+  still do not help soon after a profile, production's present progress is taken as its
+  solo progress and the rate goes back to where it was. Decisions every 0.5 s on windows of up to 2 s: it reacts in seconds.
+- `tgs-paper` reproduces the original TGS code's controller for comparison: 5 s samples,
+  a profile sample with the opportunistic job paused, slow start (x1.5 per sample), then
+  additive increase, 8 % decrease when production falls more than 3 % below its solo
+  progress; no gating, no in-flight bound; one opportunistic job per GPU.
+"""
+from __future__ import annotations
+
+import collections
+import enum
+from dataclasses import dataclass, field
+
+from tgs_runtime.config import ControlConfig, Controller, Share
+from tgs_runtime.proto import RATE_UNLIMITED
+
+UNLIMITED = RATE_UNLIMITED
+
+
+@dataclass(frozen=True)
+class Sample:
+    t: float                   # monotonic seconds at the end of the period
+    dt: float                  # the period's length
+    production_blocks: int     # launched by production containers on the GPU in the period
+    opportunistic_blocks: int  # launched by opportunistic containers
+    production: bool           # a production container is attached to the GPU
+    opportunistic: bool        # an opportunistic container is
+
+
+@dataclass(frozen=True)
+class Budget:
+    rate: int       # total opportunistic blocks/s on the GPU; UNLIMITED; 0 pauses
+    inflight: int   # per process; 0 = unbounded
+    gate: bool      # opportunistic launches wait while production has unfinished work
+    state: str
+    solo: float | None       # production's solo progress estimate, blocks/s
+    progress: float          # production's progress over the last window, blocks/s
+
+
+class Window:
+    """(t, dt, production blocks, opportunistic blocks) over the last `span` seconds."""
+
+    def __init__(self, span: float):
+        self.span = span
+        self.items: collections.deque[tuple[float, float, int, int]] = collections.deque()
+
+    def add(self, s: Sample) -> None:
+        self.items.append((s.t, s.dt, s.production_blocks, s.opportunistic_blocks))
+        while self.items and self.items[0][0] <= s.t - self.span:
+            self.items.popleft()
+
+    def rates(self, since: float = float("-inf")) -> tuple[float, float, float]:
+        """(production blocks/s, opportunistic blocks/s, seconds covered) after `since`."""
+        dt = p = o = 0.0
+        for t, d, pb, ob in self.items:
+            if t - d >= since - 1e-9:
+                dt += d
+                p += pb
+                o += ob
+        return (p / dt, o / dt, dt) if dt > 0 else (0.0, 0.0, 0.0)
+
+
+class Phase(str, enum.Enum):
+    FREE = "free"          # no production on the GPU: opportunistic work takes it all
+    SOLO = "solo"          # production alone: its progress is its solo progress
+    PROFILE = "profile"    # opportunistic paused to measure production alone
+    RUN = "run"            # sharing
+
+
+class FastController:
+    DECIDE_S = 0.5     # between decisions
+    WINDOW_S = 2.0     # the longest window a decision looks at
+    MIN_DATA_S = 1.0   # a decision needs this much data since the last change
+    SETTLE_S = 0.15    # after a change, this much is not measured
+    CUT = 0.7          # multiplicative decrease on a violation
+    RAMP = 1.4         # multiplicative increase while production holds
+    LOAD_CHANGE = 0.10 # production's own load moved by this much: profile again
+    ACCEPT_AFTER_PROFILE_S = 15.0  # cuts that do not help this soon after a profile: accept P
+
+    def __init__(self, cfg: ControlConfig):
+        self.cfg = cfg
+        self.window = Window(self.WINDOW_S)
+        self.phase = Phase.FREE
+        self.solo: float | None = None
+        self.rate = UNLIMITED
+        self.rate_good = UNLIMITED
+        self.changed_at = float("-inf")
+        self.decided_at = float("-inf")
+        self.profile_from = 0.0
+        self.violations = 0
+        self.violation_p = 0.0  # P when the current run of violations began
+        self.drift_since: float | None = None
+        self.profiled_at = float("-inf")
+        self.progress = 0.0
+        self.inflight = cfg.inflight
+
+    def _change(self, t: float, phase: Phase | None = None, rate: int | None = None) -> None:
+        if phase is not None:
+            self.phase = phase
+        if rate is not None:
+            self.rate = rate
+        self.changed_at = t
+
+    def _budget(self) -> Budget:
+        rate = 0 if self.phase == Phase.PROFILE else UNLIMITED if self.phase in (Phase.FREE, Phase.SOLO) else self.rate
+        return Budget(rate, self.inflight, self.phase != Phase.FREE, self.phase.value, self.solo, self.progress)
+
+    def _profile(self, t: float) -> None:
+        self.profile_from = t
+        self.profiled_at = t
+        self._change(t, Phase.PROFILE)
+
+    def step(self, s: Sample) -> Budget:
+        self.window.add(s)
+        t = s.t
+        since = self.changed_at + self.SETTLE_S
+        p, o, covered = self.window.rates(since)
+        self.progress = self.window.rates()[0]
+        if not s.production:
+            if self.phase != Phase.FREE:
+                self.solo = None
+                self._change(t, Phase.FREE, UNLIMITED)
+            return self._budget()
+        if self.phase == Phase.FREE:
+            self._change(t, Phase.SOLO if not s.opportunistic else Phase.PROFILE)
+            if self.phase == Phase.PROFILE:
+                self._profile(t)
+            return self._budget()
+        if self.phase == Phase.SOLO:
+            if covered >= self.MIN_DATA_S:
+                self.solo = p
+            if s.opportunistic:
+                if self.solo is None:
+                    self._profile(t)
+                else:
+                    self.rate_good = UNLIMITED
+                    self._change(t, Phase.RUN, UNLIMITED)
+            return self._budget()
+        if self.phase == Phase.PROFILE:
+            if t - self.profile_from + s.dt > self.cfg.profile_s + 1e-9:
+                self.solo = p if covered > 0 else self.solo
+                self.violations = 0
+                self.drift_since = None
+                self._change(t, Phase.RUN if s.opportunistic else Phase.SOLO, self.rate_good)
+            return self._budget()
+        # RUN
+        if not s.opportunistic:
+            self._change(t, Phase.SOLO)
+            return self._budget()
+        if t - self.decided_at < self.DECIDE_S or covered < self.MIN_DATA_S:
+            return self._budget()
+        self.decided_at = t
+        solo = self.solo or 0.0
+        tol = self.cfg.tolerance
+        # production does clearly more than its solo figure: its own load grew; measure it
+        # alone again (a fall shows up as a violation that cuts do not fix, below)
+        if p > solo * (1 + self.LOAD_CHANGE):
+            self.drift_since = self.drift_since if self.drift_since is not None else t
+            if t - self.drift_since >= 0.5:
+                self.solo = p  # at least this much, until the profile says exactly
+                self._profile(t)
+                return self._budget()
+        else:
+            self.drift_since = None
+        if p < (1 - tol) * solo:
+            if self.violations == 0:
+                self.rate_good = self.rate
+                self.violation_p = p
+            self.violations += 1
+            if self.violations >= 3 and p <= self.violation_p * (1 + tol / 2):
+                # what was tried did not help: it is production's own progress that changed
+                if t - self.profiled_at > self.ACCEPT_AFTER_PROFILE_S:
+                    self._profile(t)
+                else:  # just measured: take what production does now as its solo progress
+                    self.solo = p
+                    self.violations = 0
+                    self._change(t, rate=self.rate_good)
+                return self._budget()
+            if self.inflight != 1:  # first, fewer kernels for production to wait behind
+                self.inflight = 1
+                self._change(t)
+                return self._budget()
+            base = o if self.rate == UNLIMITED else min(float(self.rate), max(o, 1.0))
+            self._change(t, rate=max(int(base * self.CUT), 1))
+        else:
+            self.violations = 0
+            if self.rate != UNLIMITED:
+                cap = max(2.0 * o, 1.0)
+                new = int(self.rate * self.RAMP) + 1
+                self._change(t, rate=UNLIMITED if new > cap and o < 0.5 * self.rate else new)
+                self.rate_good = self.rate
+            if t - self.profiled_at > self.cfg.reprofile_s:
+                self._profile(t)
+        return self._budget()
+
+
+class PaperController:
+    """The original TGS code's controller (see the module's docstring)."""
+
+    SAMPLE_S = 5.0
+    SLOW_START = 1.5
+    DECREASE = 0.92
+    REPROFILE_S = 120.0
+
+    def __init__(self, cfg: ControlConfig):
+        self.cfg = cfg
+        self.phase = "free"
+        self.solo: float | None = None
+        self.rate = UNLIMITED
+        self.step_size = 0
+        self.sample_from = 0.0
+        self.blocks = 0
+        self.opp_blocks = 0
+        self.progress = 0.0
+        self.profiled_at = float("-inf")
+
+    def _budget(self) -> Budget:
+        rate = 0 if self.phase == "profile" else UNLIMITED if self.phase in ("free", "solo") else self.rate
+        return Budget(rate, 0, False, self.phase, self.solo, self.progress)
+
+    def step(self, s: Sample) -> Budget:
+        if not s.production:
+            self.phase, self.solo, self.rate = "free", None, UNLIMITED
+            self.sample_from, self.blocks = s.t, 0
+            return self._budget()
+        if self.phase == "free" or (self.phase == "solo" and s.opportunistic):
+            self.phase = "profile" if s.opportunistic else "solo"
+            self.sample_from, self.blocks, self.opp_blocks = s.t, 0, 0
+            self.profiled_at = s.t
+            return self._budget()
+        self.blocks += s.production_blocks
+        self.opp_blocks += s.opportunistic_blocks
+        if s.t - self.sample_from < self.SAMPLE_S:
+            return self._budget()
+        p = self.blocks / (s.t - self.sample_from)
+        self.progress = p
+        self.sample_from, self.blocks, self.opp_blocks = s.t, 0, 0
+        tol = self.cfg.tolerance
+        if self.phase in ("profile", "solo"):
+            self.solo = p
+            self.step_size = max(int(p * 0.1), 1)
+            if self.phase == "profile" or s.opportunistic:
+                self.phase, self.rate = "slow-start", self.step_size
+            return self._budget()
+        ok = p >= (1 - tol) * (self.solo or 0)
+        if self.phase == "slow-start":
+            if ok:
+                self.rate = int(self.rate * self.SLOW_START) + 1
+            else:
+                self.rate, self.phase = max(int(self.rate * self.DECREASE), 1), "additive"
+        else:
+            self.rate = self.rate + self.step_size if ok else max(int(self.rate * self.DECREASE), 1)
+        if s.t - self.profiled_at > self.REPROFILE_S:
+            self.phase, self.profiled_at = "profile", s.t
+        return self._budget()
+
+
+def make_controller(cfg: ControlConfig):
+    return PaperController(cfg) if cfg.controller == Controller.TGS_PAPER else FastController(cfg)
+
+
+# ---------------------------------------------------------------------------------------
+# Splitting a GPU's opportunistic budget among its opportunistic containers
+
+
+@dataclass
+class Claimant:
+    id: str
+    attained: int          # blocks it has launched, over its lifetime (LAS)
+    achieved: float        # blocks/s over the last window
+    budget: int = UNLIMITED  # what it was given last
+    order: int = 0         # arrival order (tgs-paper serves the first)
+
+
+@dataclass
+class ShareState:
+    las_leader: str | None = None
+    underuse: dict[str, int] = field(default_factory=dict)  # periods in a row a container used < half its budget
+    peak: float = 0.0        # the most opportunistic work the GPU has been seen to take, blocks/s
+    last_total: float = 0.0
+
+
+UNDERUSE_PERIODS = 10  # a container is known to need less after this many periods (about a second)
+
+
+def _observe(state: ShareState, claimants: list[Claimant]) -> None:
+    for c in claimants:
+        low = c.budget not in (0, UNLIMITED) and c.achieved < 0.5 * c.budget
+        state.underuse[c.id] = state.underuse.get(c.id, 0) + 1 if low else 0
+    for gone in set(state.underuse) - {c.id for c in claimants}:
+        del state.underuse[gone]
+
+
+def _demand_of(state: ShareState):
+    """What a container could use: unlimited, unless it has used less than half of what it
+    was given for a second (then twice what it uses): a newcomer or a ramping job is never
+    judged on its first moments."""
+    def demand(c: Claimant) -> float:
+        if state.underuse.get(c.id, 0) >= UNDERUSE_PERIODS:
+            return c.achieved * 2.0 + 1.0
+        return float("inf")
+    return demand
+
+
+def _water_fill(total: float, claimants: list[Claimant], floor: dict[str, float], _demand) -> dict[str, float]:
+    """Equal shares, unused parts handed on; each starts from its floor."""
+    out = dict(floor)
+    left = total - sum(floor.values())
+    active = [c for c in claimants]
+    while active and left > 1e-6:
+        each = left / len(active)
+        still = []
+        for c in active:
+            room = _demand(c) - out[c.id]
+            give = min(each, room)
+            out[c.id] += give
+            left -= give
+            if room > each:
+                still.append(c)
+        if len(still) == len(active):
+            break
+        active = still
+    return out
+
+
+def split(policy: Share, total: int, claimants: list[Claimant], state: ShareState, min_share: float,
+          one_only: bool = False) -> dict[str, int]:
+    """Each opportunistic container's rate. `one_only` (tgs-paper): the first gets it all."""
+    if not claimants:
+        return {}
+    if one_only:
+        first = min(claimants, key=lambda c: c.order)
+        return {c.id: (total if c is first else 0) for c in claimants}
+    if total == 0:
+        return {c.id: 0 for c in claimants}
+    if len(claimants) == 1:
+        return {claimants[0].id: total}
+    _observe(state, claimants)
+    demand = _demand_of(state)
+    if total == UNLIMITED:
+        if policy == Share.FAIR:
+            return {c.id: UNLIMITED for c in claimants}
+        # LAS needs a finite total to divide: what the GPU has been seen to take, growing
+        # while the containers use all of it
+        used = sum(c.achieved for c in claimants)
+        state.peak = max(state.peak * 0.999, used)
+        if state.peak <= 0:
+            return {c.id: UNLIMITED for c in claimants}
+        grow = state.last_total * 1.5 if used >= 0.7 * state.last_total else 0.0
+        total = int(max(used * 1.25, state.peak, grow)) + 1
+        state.last_total = total
+    if policy == Share.FAIR:
+        rates = _water_fill(float(total), claimants, {c.id: 0.0 for c in claimants}, demand)
+    else:
+        ranked = sorted(claimants, key=lambda c: c.attained)
+        leader = ranked[0]
+        if state.las_leader in {c.id for c in claimants}:
+            current = next(c for c in claimants if c.id == state.las_leader)
+            if leader.attained >= 0.98 * current.attained:  # hysteresis: no flapping on near-ties
+                leader = current
+        state.las_leader = leader.id
+        floor = {c.id: min_share * total for c in claimants}
+        rates = dict(floor)
+        left = total - sum(floor.values())
+        order = [leader] + [c for c in ranked if c is not leader]
+        for c in order:
+            give = min(left, max(demand(c) - rates[c.id], 0.0))
+            rates[c.id] += give
+            left -= give
+        if left > 0:
+            rates[leader.id] += left
+    return {k: max(int(v), 1) for k, v in rates.items()}

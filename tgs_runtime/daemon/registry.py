@@ -1,0 +1,119 @@
+"""What tgsd knows of each container: its files, its processes (connections on its own
+socket), the memory they hold, and registration.json, which lets a restarted tgsd take
+every running container back."""
+from __future__ import annotations
+
+import asyncio
+import enum
+import json
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from tgs_runtime import proto
+from tgs_runtime.control import ContainerPaths, ControlBlock
+from tgs_runtime.daemon.residency import Range
+
+
+class Phase(str, enum.Enum):
+    RESERVED = "reserved"  # tgs-runtime asked; the container has not started yet
+    ATTACHED = "attached"  # its init process is known (createRuntime hook)
+
+
+def process_start_time(pid: int) -> int | None:
+    """The kernel's start time of `pid` (clock ticks since boot): with the pid, an identity
+    that survives pid reuse across a tgsd restart."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return int(stat[stat.rindex(")") + 2:].split()[19])
+
+
+@dataclass
+class Process:
+    """One shim's connection to its container's socket."""
+
+    id: int
+    host_pid: int | None
+    uid: int | None
+    writer: asyncio.StreamWriter
+    pid: int = 0            # in the container's namespace (from hello; informational)
+    comm: str = ""
+    cuda_version: int = 0
+    slot: int = proto.NO_SLOT
+    said_hello: bool = False
+    tokens: float = 0.0     # message-rate bucket
+    tokens_at: float = 0.0
+    pending: dict[int, Range] = field(default_factory=dict)  # order id -> range
+
+    def allow_message(self, now: float, per_s: int) -> bool:
+        self.tokens = min(float(per_s), self.tokens + (now - self.tokens_at) * per_s)
+        self.tokens_at = now
+        if self.tokens < 1:
+            return False
+        self.tokens -= 1
+        return True
+
+
+@dataclass
+class Container:
+    id: str
+    cls: proto.Class
+    gpus: list[str]                       # UUIDs, in control-block slot order
+    paths: ContainerPaths
+    created: float = field(default_factory=time.time)
+    reserved_at: float = field(default_factory=time.monotonic)
+    phase: Phase = Phase.RESERVED
+    init_pid: int | None = None
+    pid_start: int | None = None
+    control: ControlBlock | None = None
+    server: asyncio.AbstractServer | None = None
+    pidfd: int | None = None
+    processes: dict[int, Process] = field(default_factory=dict)
+    ranges: dict[tuple[int, int, int], Range] = field(default_factory=dict)  # (process, gpu slot, ptr)
+    range_owner: dict[tuple[int, int, int], int] = field(default_factory=dict)
+    last_blocks: list[int] = field(default_factory=list)  # per GPU slot, for deltas
+    achieved: list[float] = field(default_factory=list)   # blocks/s per GPU slot (smoothed)
+    budget: list[int] = field(default_factory=list)       # the last rate written per GPU slot
+    warned_ranges: bool = False
+    order: int = 0                                        # arrival order
+
+    def gpu_slot(self, uuid: str) -> int:
+        return self.gpus.index(uuid)
+
+    @property
+    def label(self) -> str:
+        return self.cls.name.lower()
+
+    def attained(self) -> int:
+        """Blocks launched over the container's life (LAS). The counters live in the control
+        block, which outlives a tgsd restart."""
+        if not self.control:
+            return 0
+        return sum(self.control.counters(i).blocks for i in range(len(self.gpus)))
+
+    def footprint(self, slot: int) -> int:
+        """Device memory the container holds on a GPU (tgs_proto.h: counted less released)."""
+        if not self.control:
+            return 0
+        return max(0, self.control.counters(slot).footprint_bytes - self.control.budget(slot).released_bytes)
+
+    def registration(self) -> dict:
+        return {"id": self.id, "class": self.label, "gpus": self.gpus, "created": self.created,
+                "phase": self.phase.value, "init_pid": self.init_pid, "pid_start": self.pid_start,
+                "order": self.order, "attained_blocks": self.attained()}
+
+    def save(self) -> None:
+        tmp = self.paths.registration.with_suffix(".tmp")
+        tmp.write_text(json.dumps(self.registration(), indent=1))
+        os.replace(tmp, self.paths.registration)
+
+
+def load_registration(paths: ContainerPaths) -> dict:
+    data = json.loads(paths.registration.read_text())
+    for key in ("id", "class", "gpus", "phase"):
+        if key not in data:
+            raise ValueError(f"{paths.registration} has no {key!r}")
+    return data

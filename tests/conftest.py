@@ -10,6 +10,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from harness.build import build_libshim, compile_c  # noqa: E402
 from harness.daemon import Tgsd  # noqa: E402
+from tgs_runtime.privatedocker import IMAGE, PRELOAD_IMAGE, PrivateDocker  # noqa: E402
 from harness.shimside import Host, ShimContainer  # noqa: E402
 from harness.simgpu import SimGPU  # noqa: E402
 from tgs_runtime import proto  # noqa: E402
@@ -77,3 +78,41 @@ def tgsd(simgpu, tmp_path):
     yield start
     for d in started:
         d.close()
+
+
+@pytest.fixture(scope="session")
+def docker_host(tmp_path_factory, libshim, c_programs):
+    """A private dockerd with the tgs runtime, and the test images (started once)."""
+    work = tmp_path_factory.mktemp("docker")
+    d = PrivateDocker(work, libshim.root / "tgs-runtime", work / "tgs.toml")
+    d.start()
+    try:
+        files = {"/usr/bin/tgs-workload": libshim.workload, "/usr/bin/maps": c_programs("maps.c"),
+                 "/usr/lib/tgs-deps/libtgs.so": libshim.shim, "/usr/lib/tgs-deps/libcuda.so.1": libshim.libcuda}
+        d.build_image(files, IMAGE)
+        hello = c_programs("imagehello.c", extra=["-shared", "-fPIC"])
+        d.build_image({**files, "/usr/lib/libimagehello.so": hello}, PRELOAD_IMAGE,
+                      extra={"/etc/ld.so.preload": b"/usr/lib/libimagehello.so\n"})
+        yield d
+    finally:
+        d.stop()
+
+
+@pytest.fixture
+def docker(docker_host, simgpu, tmp_path):
+    """The private dockerd with a tgsd of this test behind its tgs runtime:
+    docker() -> (docker_host, tgsd); docker(toml=...) for extra config."""
+    started = []
+
+    def start(toml: str = "", run_tgsd: bool = True):
+        t = Tgsd(simgpu, tmp_path / "tgsd", toml, config=docker_host.tgs_config)
+        started.append(t)
+        if run_tgsd:
+            t.start()
+        return docker_host, t
+
+    yield start
+    for t in started:
+        t.close()
+    for cid in docker_host.docker("ps", "-aq", check=False).stdout.split():
+        docker_host.docker("rm", "-f", cid, check=False)

@@ -4,7 +4,7 @@ from __future__ import annotations
 import click
 
 from tgs_runtime import __version__
-from tgs_runtime.commands import bench, demo, sim, status, workload
+from tgs_runtime.commands import bench, demo, doctor, setup, sim, status, workload
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -17,7 +17,7 @@ def cli() -> None:
     """
 
 
-for module in (bench, demo, sim, status, workload):
+for module in (bench, demo, doctor, setup, sim, status, workload):
     module.register(cli)
 
 

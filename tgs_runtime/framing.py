@@ -2,7 +2,6 @@
 (ARCHITECTURE.md, "Framing")."""
 from __future__ import annotations
 
-import asyncio
 import json
 import socket
 import struct
@@ -20,8 +19,11 @@ def encode(body: bytes) -> bytes:
     return struct.pack("<I", len(body)) + body
 
 
-async def read(reader: asyncio.StreamReader) -> bytes | None:
-    """The next body, or None at a clean end of stream."""
+async def read(reader) -> bytes | None:
+    """The next body from an asyncio.StreamReader, or None at a clean end of stream.
+    (asyncio is imported here only: tgs-runtime and tgs-hook start without it.)"""
+    import asyncio
+
     try:
         head = await reader.readexactly(4)
     except asyncio.IncompleteReadError as e:

@@ -5,41 +5,16 @@ init (killing it is the container dying)."""
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
-import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
 import tomllib
 
-from tgs_runtime.admin import AdminClient, DaemonUnavailable
+from tgs_runtime.childd import ChildTgsd, merge
 from tgs_runtime.control import ControlBlock
-
-
-def merge(base: dict, extra: dict) -> dict:
-    out = {k: dict(v) for k, v in base.items()}
-    for section, values in extra.items():
-        out.setdefault(section, {}).update(values)
-    return out
-
-
-def to_toml(data: dict) -> str:
-    def value(v):
-        if isinstance(v, bool):
-            return "true" if v else "false"
-        if isinstance(v, (int, float)):
-            return repr(v)
-        if isinstance(v, (list, tuple)):
-            return "[" + ", ".join(value(x) for x in v) + "]"
-        return '"' + str(v).replace("\\", "\\\\").replace('"', '\\"') + '"'
-    lines = []
-    for section, values in data.items():
-        lines.append(f"[{section}]")
-        lines += [f"{k} = {value(v)}" for k, v in values.items()]
-    return "\n".join(lines) + "\n"
 
 
 @dataclass
@@ -61,46 +36,20 @@ class Registration:
             cb.close()
 
 
-class Tgsd:
-    def __init__(self, simgpu, workdir: Path, toml: str = ""):
+class Tgsd(ChildTgsd):
+    """A ChildTgsd on the test's simulated GPU, with the test conveniences."""
+
+    def __init__(self, simgpu, workdir: Path, toml: str = "", config: Path | None = None):
         self.simgpu = simgpu
         self.workdir = workdir
-        self.state_dir = workdir / "state"
-        self.config = workdir / "config.toml"
-        self.log_path = workdir / "tgsd.log"
         workdir.mkdir(parents=True, exist_ok=True)
         simgpu.uuids()  # the simulated card exists before tgsd reads it
-        self.config.write_text(to_toml(merge(
-            {"daemon": {"state_dir": str(self.state_dir), "log": "json", "log_level": "debug"},
-             "sim": {"enabled": True, "state": str(simgpu.state), "lib_dir": str(simgpu.artifacts.simgpu_dir)}},
-            tomllib.loads(toml))))
-        self.proc: subprocess.Popen | None = None
-        self.admin = AdminClient(self.state_dir, timeout=10)
+        base = {"daemon": {"log": "json", "log_level": "debug"},
+                "sim": {"enabled": True, "state": str(simgpu.state), "lib_dir": str(simgpu.artifacts.simgpu_dir)},
+                "runtime": {"shim_path": str(simgpu.artifacts.shim), "hook_path": str(simgpu.artifacts.root / "tgs-hook")}}
+        super().__init__(merge(base, tomllib.loads(toml)), config or workdir / "config.toml", workdir / "tgsd.log")
         self.inits: list[subprocess.Popen] = []
         self._n = 0
-
-    def start(self, timeout: float = 20) -> "Tgsd":
-        env = {k: v for k, v in os.environ.items() if not k.startswith(("SIMGPU_", "TGS_"))}
-        self._log = open(self.log_path, "a")
-        self.proc = subprocess.Popen([sys.executable, "-m", "tgs_runtime.daemon.main", "--config", str(self.config)],
-                                     env=env, stdout=self._log, stderr=subprocess.STDOUT)
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"tgsd exited with {self.proc.returncode}:\n{self.log_path.read_text()[-3000:]}")
-            try:
-                self.admin.status()
-                return self
-            except DaemonUnavailable:
-                time.sleep(0.05)
-        raise TimeoutError(f"tgsd did not answer in {timeout}s:\n{self.log_path.read_text()[-3000:]}")
-
-    def stop(self, sig: int = signal.SIGTERM, timeout: float = 10) -> int:
-        if self.proc and self.proc.poll() is None:
-            self.proc.send_signal(sig)
-            self.proc.wait(timeout)
-        self._log.close()
-        return self.proc.returncode if self.proc else 0
 
     def kill9(self) -> None:
         self.stop(signal.SIGKILL)
@@ -146,5 +95,4 @@ class Tgsd:
             if p.poll() is None:
                 p.kill()
                 p.wait()
-        if self.proc and self.proc.poll() is None:
-            self.stop()
+        super().close()

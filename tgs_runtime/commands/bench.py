@@ -11,6 +11,7 @@ from tgs_runtime.paths import REPO_ROOT, MissingArtifact
 
 BENCHMARKS = {
     "launch": "what libtgs.so adds to a kernel launch (ns and instructions)",
+    "start": "what the tgs runtime adds to `docker run --rm` (needs root and docker.io)",
 }
 
 
@@ -24,6 +25,7 @@ def bench_cmd(name: str, json_path: Path | None, quick: bool) -> None:
 
     \b
     launch      what libtgs.so adds to a kernel launch (ns and instructions)
+    start       what the tgs runtime adds to `docker run --rm` (needs root and docker.io)
     """
     if not (REPO_ROOT / "bench" / "__init__.py").exists():
         raise click.ClickException(f"the benchmarks live in a source checkout's bench/ ({REPO_ROOT / 'bench'} is missing)")

@@ -304,7 +304,10 @@ class Daemon:
         if len(specs) > proto.MAX_GPUS:
             raise RequestError(f"{len(specs)} GPUs: a TGS container may use at most {proto.MAX_GPUS}")
         try:
-            uuids = list(dict.fromkeys(self.inventory.resolve(s).uuid for s in specs))
+            if "all" in specs:
+                uuids = [g.uuid for g in self.inventory.gpus]
+            else:
+                uuids = list(dict.fromkeys(self.inventory.resolve(s).uuid for s in specs))
         except GpuError as e:
             raise RequestError(str(e)) from None
         klass = proto.Class[cls_name.upper()]
@@ -314,6 +317,9 @@ class Daemon:
                 return self._reservation(old)
             raise RequestError(f"container {cid} is already registered as {old.label} on {old.gpus}")
         cp = self.paths.container(cid)
+        if len(str(cp.socket).encode()) > 107:
+            raise RequestError(f"the container's socket path {cp.socket} is longer than AF_UNIX allows (107 bytes): "
+                               "use a shorter [daemon] state_dir")
         c = Container(cid, klass, uuids, cp)
         self._arrivals += 1
         c.order = self._arrivals

@@ -1,0 +1,145 @@
+"""docker run --runtime=tgs end to end: a private dockerd, tgsd and simgpu, no GPU."""
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+
+from tgs_runtime.privatedocker import IMAGE, PRELOAD_IMAGE
+from tgs_runtime import sim
+from tgs_runtime.workload import Workload, summary
+
+pytestmark = pytest.mark.docker
+
+
+def run_args(*extra: str, runtime: str = "tgs") -> list[str]:
+    return ["run", "--rm", "--network", "none", f"--runtime={runtime}", *extra]
+
+
+def workload(w: Workload) -> list[str]:
+    return ["tgs-workload", *w.args()]
+
+
+def test_production_and_opportunistic_containers_share_one_gpu(docker, simgpu):
+    d, t = docker()
+    half = Workload.with_duty(0.5, period_ms=20, kernels=10, seconds=9, report_s=0.5)
+    hog = Workload(kernel_us=1000, kernels=10, seconds=9, report_s=0.5)
+    solo = d.docker(*run_args("-e", "TGS_CLASS=production", "-e", "NVIDIA_VISIBLE_DEVICES=0", "-e",
+                              "SIMGPU_LABEL=solo", IMAGE),
+                    *workload(Workload.with_duty(0.5, seconds=3, report_s=0.5)))
+    alone = summary(solo.stdout).iterations_per_s
+    p = d.popen(*run_args("-e", "TGS_CLASS=production", "-e", "NVIDIA_VISIBLE_DEVICES=0", "-e", "SIMGPU_LABEL=prod",
+                          IMAGE), *workload(half))
+    o = d.popen(*run_args("-e", "TGS_CLASS=opportunistic", "-e", "NVIDIA_VISIBLE_DEVICES=0", "-e",
+                          "SIMGPU_LABEL=opp", IMAGE), *workload(hog))
+    simgpu.wait_for_contexts(["prod", "opp"], timeout=30)
+    time.sleep(3)
+    before = simgpu.status()
+    classes = {c["class"] for c in t.status()["gpus"][0]["containers"]}
+    time.sleep(4)
+    shared = sim.busy_between(before, simgpu.status())
+    pout, perr = p.communicate(timeout=60)
+    oout, oerr = o.communicate(timeout=60)
+    assert p.returncode == 0 and o.returncode == 0, perr + oerr
+    assert classes == {"production", "opportunistic"}
+    prod_rate = summary(pout).iterations_per_s
+    assert prod_rate >= 0.9 * alone, f"production {prod_rate:.1f}/s beside opportunistic, {alone:.1f}/s alone"
+    assert shared["opp"] / 4 >= 0.3, f"opportunistic got {shared['opp'] / 4:.2f} of the engine"
+    time.sleep(0.5)
+    assert t.status()["gpus"][0]["containers"] == [], "both containers were deregistered"
+
+
+def _normalised_view(d, runtime: str, *extra: str) -> dict:
+    out = d.docker(*run_args(*extra, IMAGE, runtime=runtime), "sh", "-c",
+                   "cat /proc/self/mounts; echo ---; env | sort; echo ---; ls /etc; echo ---; maps")
+    mounts, env, etc, maps = out.stdout.split("---\n")
+    return {"mounts": [" ".join(l.split()[1:3]) for l in mounts.splitlines() if not l.startswith("overlay")],
+            "env": sorted(l for l in env.splitlines() if not l.startswith("HOSTNAME=")),
+            "etc": etc.split(), "maps": maps}
+
+
+@pytest.mark.parametrize("extra", [(), ("-e", "NVIDIA_VISIBLE_DEVICES=0")], ids=["plain", "gpu-no-class"])
+def test_containers_that_do_not_ask_for_tgs_are_untouched(docker, extra):
+    d, t = docker()
+    plain = _normalised_view(d, "runc", *extra)
+    via_tgs = _normalised_view(d, "tgs", *extra)
+    assert via_tgs == plain
+    assert "libtgs" not in via_tgs["maps"] and "ld.so.preload" not in via_tgs["etc"]
+    assert t.status()["gpus"][0]["containers"] == []
+
+
+def test_a_default_class_makes_gpu_containers_tgs_containers(docker):
+    d, t = docker('[runtime]\ndefault_class = "opportunistic"\n')
+    out = d.docker(*run_args("-e", "NVIDIA_VISIBLE_DEVICES=0", IMAGE), "sh", "-c", "echo $TGS_CLASS; maps")
+    assert out.stdout.splitlines()[0] == "opportunistic" and "/usr/lib/tgs/libtgs.so" in out.stdout
+    plain = d.docker(*run_args(IMAGE), "sh", "-c", "echo class=$TGS_CLASS")
+    assert plain.stdout.strip() == "class=", "no GPU, no TGS"
+
+
+def test_docker_kill_deregisters(docker):
+    d, t = docker()
+    cid = d.docker("run", "-d", "--network", "none", "--runtime=tgs", "-e", "TGS_CLASS=opportunistic", "-e",
+                   "NVIDIA_VISIBLE_DEVICES=0", IMAGE, "sleep", "60").stdout.strip()
+    assert [c["id"] for c in t.status()["gpus"][0]["containers"]] == [cid]
+    assert t.container(cid)["phase"] == "attached"
+    cdir = t.state_dir / "c" / cid
+    assert cdir.exists()
+    d.docker("kill", cid)
+    deadline = time.monotonic() + 10
+    while t.status()["gpus"][0]["containers"] and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert t.status()["gpus"][0]["containers"] == [] and not cdir.exists()
+    d.docker("rm", "-f", cid, check=False)
+
+
+def test_with_tgsd_stopped_create_fails_clearly(docker):
+    d, t = docker(run_tgsd=False)
+    out = d.docker(*run_args("-e", "TGS_CLASS=production", "-e", "NVIDIA_VISIBLE_DEVICES=0", IMAGE), "true",
+                   check=False)
+    assert out.returncode != 0
+    assert "tgs-runtime: cannot set up TGS for this production container: tgsd is not running" in out.stderr
+    assert "systemctl start tgsd" in out.stderr
+    plain = d.docker(*run_args(IMAGE), "true", check=False)
+    assert plain.returncode == 0, "containers that do not ask for TGS still run"
+
+
+@pytest.mark.parametrize("args,message", [
+    (("-e", "TGS_CLASS=batch", "-e", "NVIDIA_VISIBLE_DEVICES=0"), "TGS_CLASS='batch': expected production or opportunistic"),
+    (("-e", "TGS_CLASS=production"), "a production container needs a GPU: set NVIDIA_VISIBLE_DEVICES"),
+    (("-e", "TGS_CLASS=opportunistic", "-e", "NVIDIA_VISIBLE_DEVICES=9"), "GPU 9: this host has 1 GPU(s)"),
+])
+def test_bad_requests_fail_clearly_and_leave_nothing(docker, args, message):
+    d, t = docker()
+    out = d.docker(*run_args(*args, IMAGE), "true", check=False)
+    assert out.returncode != 0 and message in out.stderr, out.stderr
+    assert t.status()["gpus"][0]["containers"] == []
+    assert list((t.state_dir / "c").iterdir()) == []
+
+
+def test_production_can_be_restricted_to_the_annotation(docker):
+    d, t = docker('[runtime]\nproduction = "annotation"\n')
+    out = d.docker(*run_args("-e", "TGS_CLASS=production", "-e", "NVIDIA_VISIBLE_DEVICES=0", IMAGE), "true",
+                   check=False)
+    assert out.returncode != 0 and "production needs the annotation tgs.class=production" in out.stderr
+    ok = d.docker(*run_args("-e", "TGS_CLASS=opportunistic", "-e", "NVIDIA_VISIBLE_DEVICES=0", IMAGE), "true",
+                  check=False)
+    assert ok.returncode == 0, ok.stderr
+
+
+def test_an_images_own_preload_still_works(docker):
+    d, t = docker()
+    out = d.docker(*run_args("-e", "TGS_CLASS=opportunistic", "-e", "NVIDIA_VISIBLE_DEVICES=0", PRELOAD_IMAGE),
+                   "maps")
+    assert "image preload ok" in out.stderr
+    assert "/usr/lib/tgs/libtgs.so" in out.stdout and "/usr/lib/libimagehello.so" in out.stdout
+    plain = d.docker(*run_args(PRELOAD_IMAGE, runtime="runc"), "maps")
+    assert "image preload ok" in plain.stderr and "libtgs" not in plain.stdout
+
+
+def test_static_binaries_run_untouched_in_a_tgs_container(docker):
+    d, t = docker()
+    out = d.docker(*run_args("-e", "TGS_CLASS=opportunistic", "-e", "NVIDIA_VISIBLE_DEVICES=0", IMAGE), "sh", "-c",
+                   "cat /etc/ld.so.preload; ls /run/tgs; echo ok")
+    assert out.stdout.split() == ["/usr/lib/tgs/libtgs.so", "activity", "control", "ld.so.preload",
+                                  "registration.json", "tgs.sock", "ok"]

@@ -1,0 +1,153 @@
+"""tgs-runtime and tgs-hook as the container engine calls them, without docker: a fake
+lower runtime records what it is given; tgsd is real."""
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from tgs_runtime.childd import merge, to_toml
+
+CONTAINER_ID = "c" * 64
+
+
+@pytest.fixture
+def rt(tgsd, libshim, tmp_path, simgpu):
+    """(run, tgsd, bundle): run(*runc args) calls tgs-runtime as containerd's shim would."""
+    lower = tmp_path / "fake-runc"
+    record = tmp_path / "lower.args"
+    lower.write_text(f"#!/bin/sh\necho \"$@\" > {record}\n")
+    lower.chmod(0o755)
+    d = tgsd(f'[runtime]\nlower_runtime = ["{lower}"]\n')
+    bundle = tmp_path / "bundle"
+    (bundle / "rootfs" / "etc").mkdir(parents=True)
+    spec = json.loads((Path(__file__).parent / "data" / "oci" / "docker-config.json").read_text())
+    spec["root"]["path"] = "rootfs"
+    (bundle / "config.json").write_text(json.dumps(spec))
+    log = tmp_path / "runtime.log"
+
+    def run(*args, stdin=None):
+        proc = subprocess.run([str(libshim.root / "tgs-runtime"), "--tgs-config", str(d.config), "--root",
+                               "/run/x", "--log", str(log), "--log-format", "json", *args], capture_output=True,
+                              text=True, timeout=60, input=stdin)
+        proc.lower_args = record.read_text().split() if record.exists() else None
+        proc.log = log.read_text() if log.exists() else ""
+        record.unlink(missing_ok=True)
+        return proc
+
+    return run, d, bundle
+
+
+def test_pass_through_subcommands_are_execd_untouched(rt):
+    run, d, bundle = rt
+    for sub in (["state", CONTAINER_ID], ["start", CONTAINER_ID], ["delete", "--force", CONTAINER_ID], ["--version"]):
+        p = run(*sub)
+        assert p.returncode == 0 and p.stdout == "" and p.stderr == ""
+        assert p.lower_args == ["--root", "/run/x", "--log", p.lower_args[3], "--log-format", "json", *sub]
+
+
+def test_create_of_a_non_tgs_container_changes_nothing(rt):
+    run, d, bundle = rt
+    before = _set_env(bundle, "NVIDIA_VISIBLE_DEVICES=0")
+    p = run("create", "--bundle", str(bundle), CONTAINER_ID)
+    assert p.returncode == 0 and p.lower_args[-3:] == ["--bundle", str(bundle), CONTAINER_ID]
+    assert (bundle / "config.json").read_text() == before
+    assert d.status()["gpus"][0]["containers"] == []
+
+
+def _set_env(bundle, *env):
+    spec = json.loads((bundle / "config.json").read_text())
+    spec["process"]["env"] = ["PATH=/bin", *env]
+    (bundle / "config.json").write_text(json.dumps(spec))
+    return (bundle / "config.json").read_text()
+
+
+def test_create_of_a_tgs_container_reserves_and_edits(rt):
+    run, d, bundle = rt
+    _set_env(bundle, "TGS_CLASS=opportunistic", "NVIDIA_VISIBLE_DEVICES=0")
+    p = run("create", "--bundle", str(bundle), "--pid-file", "/x/pid", CONTAINER_ID)
+    assert p.returncode == 0, p.stderr
+    assert p.lower_args == ["--root", "/run/x", "--log", p.lower_args[3], "--log-format", "json", "create",
+                            "--bundle", str(bundle), "--pid-file", "/x/pid", CONTAINER_ID]
+    spec = json.loads((bundle / "config.json").read_text())
+    assert "/run/tgs" in [m["destination"] for m in spec["mounts"]]
+    assert spec["hooks"]["createRuntime"][0]["path"].endswith("tgs-hook")
+    c = d.container(CONTAINER_ID)
+    assert c["class"] == "opportunistic" and c["phase"] == "reserved"
+    # the hook attaches with the init pid, and deregisters after
+    hook = spec["hooks"]["createRuntime"][0]
+    state = json.dumps({"ociVersion": "1.0.2", "id": CONTAINER_ID, "pid": d.inits[0].pid if d.inits else
+                        subprocess.Popen(["sleep", "30"]).pid, "status": "creating", "bundle": str(bundle)})
+    out = subprocess.run([hook["path"], *hook["args"][1:]], input=state, capture_output=True, text=True, timeout=30)
+    assert out.returncode == 0, out.stderr
+    assert d.container(CONTAINER_ID)["phase"] == "attached"
+    stop = spec["hooks"]["poststop"][0]
+    out = subprocess.run([stop["path"], *stop["args"][1:]], input=state, capture_output=True, text=True, timeout=30)
+    assert out.returncode == 0 and d.container(CONTAINER_ID) is None
+
+
+@pytest.mark.parametrize("env,message", [
+    (("TGS_CLASS=bogus", "NVIDIA_VISIBLE_DEVICES=0"), "TGS_CLASS='bogus': expected production or opportunistic"),
+    (("TGS_CLASS=production", "NVIDIA_VISIBLE_DEVICES=5"), "GPU 5: this host has 1 GPU(s)"),
+])
+def test_refused_creates_leave_nothing_behind(rt, env, message):
+    run, d, bundle = rt
+    before = _set_env(bundle, *env)
+    p = run("create", "--bundle", str(bundle), CONTAINER_ID)
+    assert p.returncode == 1 and p.lower_args is None
+    assert message in p.stderr
+    last = json.loads(p.log.splitlines()[-1])
+    assert last["level"] == "error" and message in last["msg"], "the line the containerd shim shows"
+    assert (bundle / "config.json").read_text() == before
+    assert d.status()["gpus"][0]["containers"] == [] and list((d.state_dir / "c").iterdir()) == []
+
+
+def test_malformed_config_json(rt):
+    run, d, bundle = rt
+    (bundle / "config.json").write_text('{"process": {"env": ["TGS_CLASS=production", ')
+    p = run("create", "--bundle", str(bundle), CONTAINER_ID)
+    assert p.returncode == 1 and "config.json is not valid JSON" in p.stderr and p.lower_args is None
+    assert (bundle / "config.json").read_text().startswith('{"process"')
+
+
+def test_missing_bundle(rt, tmp_path):
+    run, d, bundle = rt
+    p = run("create", "--bundle", str(tmp_path / "nowhere"), CONTAINER_ID)
+    assert p.returncode == 1 and "no config.json" in p.stderr
+
+
+def test_a_bad_tgs_config_fails_create_but_not_other_subcommands(rt, tmp_path, libshim):
+    run, d, bundle = rt
+    _set_env(bundle, "TGS_CLASS=production", "NVIDIA_VISIBLE_DEVICES=0")
+    good = d.config.read_text()
+    d.config.write_text(good + "\n[control]\nshare = \"no\"\n")
+    p = run("create", "--bundle", str(bundle), CONTAINER_ID)
+    assert p.returncode == 1 and "bad TGS config" in p.stderr and "control.share" in p.stderr
+    d.config.write_text(good)
+
+
+@pytest.mark.parametrize("stdin", ["", "not json", '{"pid": 1}', '{"id": 7}'])
+def test_the_hook_refuses_garbage(libshim, tgsd, stdin):
+    d = tgsd()
+    hook = str(libshim.root / "tgs-hook")
+    create = subprocess.run([hook, "--tgs-config", str(d.config), "createRuntime"], input=stdin,
+                            capture_output=True, text=True, timeout=30)
+    assert create.returncode == 1 and "the OCI state on stdin is not usable" in create.stderr
+    stop = subprocess.run([hook, "--tgs-config", str(d.config), "poststop"], input=stdin, capture_output=True,
+                          text=True, timeout=30)
+    assert stop.returncode == 0, "poststop always exits 0"
+
+
+def test_the_hook_with_tgsd_down(libshim, tgsd):
+    d = tgsd()
+    d.stop()
+    state = json.dumps({"id": "x", "pid": 1})
+    hook = str(libshim.root / "tgs-hook")
+    create = subprocess.run([hook, "--tgs-config", str(d.config), "createRuntime"], input=state,
+                            capture_output=True, text=True, timeout=30)
+    assert create.returncode == 1 and "tgsd is not running" in create.stderr
+    stop = subprocess.run([hook, "--tgs-config", str(d.config), "poststop"], input=state, capture_output=True,
+                          text=True, timeout=30)
+    assert stop.returncode == 0

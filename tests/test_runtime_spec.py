@@ -1,0 +1,105 @@
+"""tgs-runtime's spec modifiers, each alone against golden files made from a config.json
+that docker 20.10 generated (tests/data/oci/docker-config.json, plus one field TGS does
+not know). Regenerate the goldens with TGS_REGEN_GOLDEN=1 after a deliberate change,
+and read the diff."""
+from __future__ import annotations
+
+import copy
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from tgs_runtime.runtime import spec as specmod
+from tgs_runtime.runtime.spec import Request, SpecError, classify
+
+DATA = Path(__file__).resolve().parent / "data" / "oci"
+INPUT = json.loads((DATA / "docker-config.json").read_text())
+UUID = "GPU-11111111-2222-3333-4444-555555555555"
+
+
+def setup(tmp: Path, cls: str = "opportunistic", sim: bool = True) -> specmod.Setup:
+    return specmod.Setup(
+        cls=cls, gpus=[UUID], container_dir=tmp, activity={UUID: f"/run/tgs/activity/{UUID}"},
+        shim_path=Path("/usr/lib/tgs/libtgs.so"), hook_path=Path("/usr/bin/tgs-hook"),
+        config_path=Path("/etc/tgs/config.toml"), hook_timeout_s=10,
+        sim_state=Path("/dev/shm/simgpu.state") if sim else None,
+        sim_lib_dir=Path("/usr/lib/tgs/simgpu-host") if sim else None,
+        preload_lines=["/usr/lib/libimage.so"])
+
+
+def normalise(spec: dict, tmp: Path) -> dict:
+    return json.loads(json.dumps(spec).replace(str(tmp), "<container-dir>"))
+
+
+@pytest.mark.parametrize("modifier", specmod.MODIFIERS, ids=lambda m: m.__name__)
+def test_each_modifier_against_its_golden_file(modifier, tmp_path):
+    out = normalise(modifier(copy.deepcopy(INPUT), setup(tmp_path)), tmp_path)
+    golden = DATA / "golden" / f"{modifier.__name__}.json"
+    if os.environ.get("TGS_REGEN_GOLDEN"):
+        golden.write_text(json.dumps(out, indent=2) + "\n")
+    assert out == json.loads(golden.read_text())
+    assert out["x-vendor-extension"] == {"kept": True}, "fields TGS does not know survive"
+
+
+def test_modifiers_do_not_touch_their_input(tmp_path):
+    before = copy.deepcopy(INPUT)
+    specmod.apply(INPUT, setup(tmp_path))
+    assert INPUT == before
+
+
+def test_applying_twice_is_applying_once(tmp_path):
+    once = specmod.apply(INPUT, setup(tmp_path))
+    assert specmod.apply(once, setup(tmp_path)) == once
+
+
+def test_the_combined_preload_keeps_the_images_own(tmp_path):
+    specmod.preload(INPUT, setup(tmp_path))
+    assert (tmp_path / "ld.so.preload").read_text() == "/usr/lib/tgs/libtgs.so\n/usr/lib/libimage.so\n"
+
+
+def test_activity_is_read_only_for_opportunistic_and_writable_for_production(tmp_path):
+    def opts(cls):
+        out = specmod.mount_activity(INPUT, setup(tmp_path, cls))
+        return next(m["options"] for m in out["mounts"] if m["destination"].endswith(UUID))
+
+    assert "ro" in opts("opportunistic") and "rw" in opts("production")
+
+
+def test_without_sim_no_simgpu_is_mounted(tmp_path):
+    assert specmod.simgpu(INPUT, setup(tmp_path, sim=False)) == INPUT
+
+
+def spec_with(env=(), annotations=None):
+    s = copy.deepcopy(INPUT)
+    s["process"]["env"] = ["PATH=/bin", *env]
+    s.pop("annotations", None)
+    if annotations is not None:
+        s["annotations"] = annotations
+    return s
+
+
+@pytest.mark.parametrize("env,annotations,default,want", [
+    ((), None, "", None),
+    (("NVIDIA_VISIBLE_DEVICES=0",), None, "", None),
+    (("NVIDIA_VISIBLE_DEVICES=0",), None, "opportunistic", Request("opportunistic", ["0"])),
+    (("TGS_CLASS=Production", "NVIDIA_VISIBLE_DEVICES=GPU-abc,1"), None, "", Request("production", ["GPU-abc", "1"])),
+    (("TGS_CLASS=production", "NVIDIA_VISIBLE_DEVICES=0"), {"tgs.class": "opportunistic"}, "",
+     Request("opportunistic", ["0"])),
+    (("TGS_CLASS=production", "NVIDIA_VISIBLE_DEVICES=0"), {"io.kubernetes.cri.container-type": "sandbox"}, "", None),
+    (("NVIDIA_VISIBLE_DEVICES=void",), None, "opportunistic", None),
+])
+def test_classify(env, annotations, default, want):
+    assert classify(spec_with(env, annotations), default) == want
+
+
+def test_classify_refuses_with_reasons():
+    with pytest.raises(SpecError, match="TGS_CLASS='batch'"):
+        classify(spec_with(("TGS_CLASS=batch", "NVIDIA_VISIBLE_DEVICES=0")))
+    with pytest.raises(SpecError, match="needs a GPU"):
+        classify(spec_with(("TGS_CLASS=production",)))
+    with pytest.raises(SpecError, match="needs the annotation"):
+        classify(spec_with(("TGS_CLASS=production", "NVIDIA_VISIBLE_DEVICES=0")), production_policy="annotation")
+    ok = classify(spec_with(("NVIDIA_VISIBLE_DEVICES=0",), {"tgs.class": "production"}), production_policy="annotation")
+    assert ok == Request("production", ["0"])

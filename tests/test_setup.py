@@ -1,0 +1,100 @@
+"""`tgs setup` and `tgs doctor`."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+
+def tgs(*args, env=None):
+    return subprocess.run([sys.executable, "-m", "tgs_runtime", *args], capture_output=True, text=True, timeout=60,
+                          env=env)
+
+
+@pytest.fixture
+def prefix(tmp_path, libshim):
+    p = tmp_path / "root"
+    (p / "etc" / "docker").mkdir(parents=True)
+    (p / "etc" / "docker" / "daemon.json").write_text(json.dumps(
+        {"log-driver": "journald", "runtimes": {"nvidia": {"path": "nvidia-container-runtime"}}}))
+    return p
+
+
+def test_setup_docker_installs_and_keeps_every_other_key(prefix):
+    out = tgs("setup", "docker", "--prefix", str(prefix))
+    assert out.returncode == 0, out.stderr
+    data = json.loads((prefix / "etc/docker/daemon.json").read_text())
+    assert data["log-driver"] == "journald" and data["runtimes"]["nvidia"] == {"path": "nvidia-container-runtime"}
+    assert data["runtimes"]["tgs"] == {"path": "/usr/bin/tgs-runtime", "runtimeArgs": ["--tgs-config", "/etc/tgs/config.toml"]}
+    for f in ("usr/lib/tgs/libtgs.so", "usr/bin/tgs-runtime", "usr/bin/tgs-runtime-create", "usr/bin/tgs-hook",
+              "usr/bin/tgsd", "etc/tgs/config.toml", "etc/systemd/system/tgsd.service"):
+        assert (prefix / f).exists(), f
+    assert os.access(prefix / "usr/bin/tgs-hook", os.X_OK)
+    assert (prefix / "usr/bin/tgs-hook").read_text().startswith(f"#!{sys.executable} -IS")
+    backups = list((prefix / "etc/docker").glob("daemon.json.tgs-backup-*"))
+    assert len(backups) == 1 and "tgs" not in backups[0].read_text()
+    assert "SIGHUP" in out.stdout
+    again = tgs("setup", "docker", "--prefix", str(prefix))
+    assert "already has the tgs runtime" in again.stdout
+
+
+def test_setup_keeps_an_operators_config(prefix):
+    (prefix / "etc/tgs").mkdir(parents=True)
+    (prefix / "etc/tgs/config.toml").write_text("# mine\n")
+    tgs("setup", "docker", "--prefix", str(prefix))
+    assert (prefix / "etc/tgs/config.toml").read_text() == "# mine\n"
+
+
+def test_dry_run_changes_nothing(prefix):
+    before = (prefix / "etc/docker/daemon.json").read_text()
+    out = tgs("setup", "docker", "--prefix", str(prefix), "--dry-run")
+    assert out.returncode == 0 and '+    "tgs": {' in out.stdout and "would copy" in out.stdout
+    assert (prefix / "etc/docker/daemon.json").read_text() == before
+    assert not (prefix / "usr").exists()
+
+
+def test_undo(prefix):
+    tgs("setup", "docker", "--prefix", str(prefix))
+    out = tgs("setup", "docker", "--prefix", str(prefix), "--undo")
+    assert out.returncode == 0, out.stderr
+    data = json.loads((prefix / "etc/docker/daemon.json").read_text())
+    assert "tgs" not in data["runtimes"] and data["runtimes"]["nvidia"] and data["log-driver"] == "journald"
+    assert not (prefix / "usr/bin/tgs-runtime").exists() and (prefix / "etc/tgs/config.toml").exists()
+
+
+def test_a_malformed_daemon_json_is_left_alone(prefix):
+    (prefix / "etc/docker/daemon.json").write_text("{ not json")
+    out = tgs("setup", "docker", "--prefix", str(prefix))
+    assert out.returncode == 1 and "is not valid JSON" in out.stderr and "nothing was changed" in out.stderr
+    assert (prefix / "etc/docker/daemon.json").read_text() == "{ not json"
+
+
+def test_setup_containerd(tmp_path):
+    out = tgs("setup", "containerd")
+    assert 'containerd.runtimes.tgs]' in out.stdout and 'pod_annotations = ["tgs.class"]' in out.stdout
+    conf = tmp_path / "config.toml"
+    conf.write_text("version = 2\n")
+    tgs("setup", "containerd", "--write", str(conf))
+    tgs("setup", "containerd", "--write", str(conf))
+    text = conf.read_text()
+    assert text.startswith("version = 2\n") and text.count("containerd.runtimes.tgs]") == 1
+    import tomllib
+    tomllib.loads(text)
+
+
+def test_doctor_passes_on_a_working_host_and_says_what_to_fix(docker, libshim, tmp_path):
+    d, t = docker()
+    djson = d.workdir / "daemon.json"
+    env = {**os.environ, "DOCKER_HOST": d.host}
+    ok = tgs("doctor", "--config", str(t.config), "--daemon-json", str(djson), env=env)
+    assert ok.returncode == 0, ok.stdout + ok.stderr
+    assert "tgsd answers" in ok.stdout and "dockerd has loaded the tgs runtime" in ok.stdout
+    assert "simgpu (simulated)" in ok.stdout
+    t.stop()
+    bad = tgs("doctor", "--config", str(t.config), "--daemon-json", str(tmp_path / "none.json"), env=env)
+    assert bad.returncode == 1
+    assert "FAIL  tgsd is not running" in bad.stdout and "fix: systemctl enable --now tgsd" in bad.stdout
+    assert "has no tgs runtime" in bad.stdout and "fix: tgs setup docker" in bad.stdout

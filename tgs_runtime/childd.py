@@ -1,0 +1,83 @@
+"""tgsd as a child process with a config of its own: for `tgs demo` when no tgsd runs,
+for the benchmarks, and for the tests (tests/harness/daemon.py builds on it)."""
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from tgs_runtime.admin import AdminClient, DaemonUnavailable
+
+
+def merge(base: dict, extra: dict) -> dict:
+    out = {k: dict(v) for k, v in base.items()}
+    for section, values in extra.items():
+        out.setdefault(section, {}).update(values)
+    return out
+
+
+def to_toml(data: dict) -> str:
+    """The small TOML the config needs: tables of strings, numbers, booleans and lists."""
+    def value(v):
+        if isinstance(v, bool):
+            return "true" if v else "false"
+        if isinstance(v, (int, float)):
+            return repr(v)
+        if isinstance(v, (list, tuple)):
+            return "[" + ", ".join(value(x) for x in v) + "]"
+        return '"' + str(v).replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+    lines = []
+    for section, values in data.items():
+        lines.append(f"[{section}]")
+        lines += [f"{k} = {value(v)}" for k, v in values.items()]
+    return "\n".join(lines) + "\n"
+
+
+class ChildTgsd:
+    """A tgsd of our own. Its state_dir is short (a container socket's path must fit
+    AF_UNIX's 108 bytes with a 64-character container id)."""
+
+    def __init__(self, config: dict, config_path: Path, log_path: Path):
+        self.state_dir = Path(tempfile.mkdtemp(prefix="tgs-", dir="/tmp"))
+        self.config = config_path
+        self.log_path = log_path
+        self.config.parent.mkdir(parents=True, exist_ok=True)
+        self.config.write_text(to_toml(merge({"daemon": {"state_dir": str(self.state_dir)}}, config)))
+        self.admin = AdminClient(self.state_dir, timeout=10)
+        self.proc: subprocess.Popen | None = None
+        self._log = None
+
+    def start(self, timeout: float = 20) -> "ChildTgsd":
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("SIMGPU_", "TGS_"))}
+        self._log = open(self.log_path, "a")
+        self.proc = subprocess.Popen([sys.executable, "-m", "tgs_runtime.daemon.main", "--config", str(self.config)],
+                                     env=env, stdout=self._log, stderr=subprocess.STDOUT)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"tgsd exited with {self.proc.returncode}:\n{self.log_path.read_text()[-3000:]}")
+            try:
+                self.admin.status()
+                return self
+            except DaemonUnavailable:
+                time.sleep(0.05)
+        raise TimeoutError(f"tgsd did not answer in {timeout}s:\n{self.log_path.read_text()[-3000:]}")
+
+    def stop(self, sig: int = signal.SIGTERM, timeout: float = 10) -> int:
+        if self.proc and self.proc.poll() is None:
+            self.proc.send_signal(sig)
+            self.proc.wait(timeout)
+        if self._log:
+            self._log.close()
+            self._log = None
+        return self.proc.returncode if self.proc else 0
+
+    def close(self) -> None:
+        self.stop()
+        shutil.rmtree(self.state_dir, ignore_errors=True)

@@ -1,0 +1,113 @@
+"""`tgs doctor`: checks an installation end to end and says what to fix."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import click
+
+from tgs_runtime import config as configmod, install
+
+
+class Report:
+    def __init__(self) -> None:
+        self.failed = 0
+
+    def ok(self, what: str) -> None:
+        click.echo(f"  ok    {what}")
+
+    def fail(self, what: str, fix: str) -> None:
+        self.failed += 1
+        click.echo(f"  FAIL  {what}\n        fix: {fix}")
+
+
+@click.command("doctor")
+@click.option("--config", "config_path", type=click.Path(dir_okay=False, path_type=Path), help="The TGS config.")
+@click.option("--daemon-json", type=click.Path(dir_okay=False, path_type=Path), default=install.DAEMON_JSON,
+              show_default=True)
+def doctor_cmd(config_path: Path | None, daemon_json: Path) -> None:
+    """Check the config, libtgs.so, tgs-runtime and tgs-hook, tgsd, docker and the GPUs."""
+    r = Report()
+    click.echo("TGS installation check")
+    try:
+        cfg = configmod.load(config_path)
+        r.ok(f"config {cfg.path or '(built-in defaults: no /etc/tgs/config.toml)'} is valid")
+    except configmod.ConfigError as e:
+        r.fail(f"config: {e}", "correct the key named (tgsd --check shows the whole config)")
+        sys.exit(1)
+    shim = cfg.runtime.shim_path
+    if not shim.exists():
+        r.fail(f"libtgs.so is not at {shim}", "tgs setup docker (or set [runtime] shim_path)")
+    else:
+        probe = subprocess.run(["/bin/true"], env={"LD_PRELOAD": str(shim), "PATH": "/usr/bin:/bin"},
+                               capture_output=True, text=True)
+        if probe.returncode != 0 or probe.stderr:
+            r.fail(f"libtgs.so at {shim} does not load: {probe.stderr.strip()}", "reinstall: tgs setup docker")
+        else:
+            r.ok(f"libtgs.so at {shim} loads")
+    hook = cfg.runtime.hook_path
+    if os.access(hook, os.X_OK):
+        r.ok(f"tgs-hook at {hook}")
+    else:
+        r.fail(f"tgs-hook is not executable at {hook}", "tgs setup docker (or set [runtime] hook_path)")
+    from tgs_runtime.admin import AdminClient, DaemonUnavailable, Refused
+
+    try:
+        st = AdminClient(cfg.daemon.state_dir, timeout=5).status()
+        gpus = ", ".join(f"{g['index']}:{g['uuid']}" for g in st["gpus"])
+        r.ok(f"tgsd answers at {cfg.daemon.state_dir} (pid {st['daemon']['pid']}, GPUs {gpus})")
+    except (DaemonUnavailable, Refused) as e:
+        r.fail(str(e), "systemctl enable --now tgsd; journalctl -u tgsd says why it does not start")
+    entry = None
+    try:
+        entry = install.read_daemon_json(daemon_json).get("runtimes", {}).get(install.RUNTIME_NAME)
+    except install.InstallError as e:
+        r.fail(str(e), f"fix {daemon_json}")
+    if not entry:
+        r.fail(f"{daemon_json} has no tgs runtime", "tgs setup docker")
+    elif not os.access(entry.get("path", ""), os.X_OK):
+        r.fail(f"the tgs runtime in {daemon_json} points at {entry.get('path')}, which is not there", "tgs setup docker")
+    else:
+        r.ok(f"{daemon_json} names the tgs runtime ({entry['path']})")
+        create = Path(entry["path"]).parent / "tgs-runtime-create"
+        if not os.access(create, os.X_OK):
+            r.fail(f"{create} is missing (tgs-runtime hands TGS containers to it)", "tgs setup docker")
+    try:
+        import docker
+
+        client = docker.from_env(timeout=5)
+        runtimes = client.info().get("Runtimes", {})
+        if install.RUNTIME_NAME in runtimes:
+            r.ok("dockerd has loaded the tgs runtime")
+        else:
+            r.fail("dockerd runs but has not loaded the tgs runtime", "systemctl reload docker (dockerd re-reads "
+                   "runtimes on SIGHUP)")
+    except Exception as e:  # docker missing or not running: say so, it is not fatal to TGS
+        r.fail(f"docker is not reachable ({type(e).__name__})", "start docker, or use containerd "
+               "(tgs setup containerd)")
+    if cfg.sim.enabled:
+        libs = [Path(cfg.sim.lib_dir or "") / n for n in ("libcuda.so.1", "libnvidia-ml.so.1")]
+        missing = [str(p) for p in libs if not p.exists()]
+        if missing:
+            r.fail(f"[sim] is on but {', '.join(missing)} is missing", "make -C libshim, or set [sim] lib_dir")
+        else:
+            r.ok(f"GPU backend: simgpu (simulated) from {cfg.sim.lib_dir}, state {cfg.sim.state}")
+    else:
+        probe = subprocess.run([sys.executable, "-c", "import json, pynvml as n; n.nvmlInit(); "
+                                "print(json.dumps([n.nvmlDeviceGetCount(), str(n.nvmlSystemGetDriverVersion())]))"],
+                               capture_output=True, text=True, timeout=30)
+        if probe.returncode == 0:
+            count, driver = json.loads(probe.stdout)
+            r.ok(f"GPU backend: NVML, driver {driver}, {count} GPU(s)")
+        else:
+            r.fail("NVML does not answer: no NVIDIA driver here", "install the NVIDIA driver, or enable [sim] "
+                   "to try TGS on simgpu")
+    click.echo("all checks passed" if not r.failed else f"{r.failed} check(s) failed")
+    sys.exit(1 if r.failed else 0)
+
+
+def register(group: click.Group) -> None:
+    group.add_command(doctor_cmd)

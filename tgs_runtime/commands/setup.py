@@ -1,0 +1,95 @@
+"""`tgs setup docker|containerd`: install TGS on this host."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from tgs_runtime import install
+from tgs_runtime.paths import MissingArtifact
+
+
+@click.group("setup")
+def setup_group() -> None:
+    """Install TGS into docker or containerd on this host."""
+
+
+@setup_group.command("docker")
+@click.option("--daemon-json", type=click.Path(dir_okay=False, path_type=Path), default=install.DAEMON_JSON,
+              show_default=True, help="docker's daemon configuration.")
+@click.option("--config", "config", type=click.Path(dir_okay=False, path_type=Path), default=install.CONFIG,
+              show_default=True, help="The TGS config the runtime is pointed at.")
+@click.option("--prefix", type=click.Path(file_okay=False, path_type=Path), default=Path("/"),
+              help="Install under this directory instead of / (for packaging and tests).")
+@click.option("--dry-run", is_flag=True, help="Show what would change; change nothing.")
+@click.option("--undo", is_flag=True, help="Remove the tgs runtime from daemon.json and the installed programs.")
+def setup_docker(daemon_json: Path, config: Path, prefix: Path, dry_run: bool, undo: bool) -> None:
+    """Install libtgs.so, tgs-runtime, tgs-hook and tgsd at stable paths and add the `tgs`
+    runtime to docker's daemon.json (every other key kept, the old file backed up).
+
+    Afterwards: `systemctl enable --now tgsd`, then make dockerd re-read its runtimes
+    with SIGHUP (`systemctl reload docker` or `kill -HUP $(pidof dockerd)`), and run
+    containers with `docker run --runtime=tgs -e TGS_CLASS=production|opportunistic ...`.
+    """
+    layout = install.Layout(prefix)
+    djson = layout.at(daemon_json)
+    try:
+        old = install.read_daemon_json(djson)
+        new = install.with_runtime(old, None if undo else install.docker_entry(layout, config))
+        actions = [] if undo else install.file_actions(layout)
+    except (install.InstallError, MissingArtifact) as e:
+        raise click.ClickException(str(e)) from e
+    change = install.diff(djson, old, new) if new != old else ""
+    if dry_run:
+        for a in actions:
+            click.echo(f"would {a.describe()}")
+        if undo:
+            click.echo(f"would remove the installed programs under {prefix}")
+        click.echo(change or f"{djson}: no change")
+        return
+    if undo:
+        removed = install.remove_files(layout)
+        for p in removed:
+            click.echo(f"removed {p}")
+    else:
+        install.apply_files(actions)
+        for a in actions:
+            click.echo(f"installed {a.path}")
+    if change:
+        backup = install.write_daemon_json(djson, old, new)
+        click.echo(change)
+        if backup:
+            click.echo(f"the previous {djson} is kept as {backup}")
+    else:
+        click.echo(f"{djson} already {'has no' if undo else 'has the'} tgs runtime")
+    if not undo:
+        click.echo("\nnext: systemctl daemon-reload && systemctl enable --now tgsd\n"
+                   "      systemctl reload docker    (dockerd re-reads runtimes on SIGHUP)\n"
+                   "      docker run --runtime=tgs -e TGS_CLASS=opportunistic -e NVIDIA_VISIBLE_DEVICES=0 IMAGE ...")
+
+
+@setup_group.command("containerd")
+@click.option("--write", "write_to", type=click.Path(dir_okay=False, path_type=Path),
+              help="Append the stanza to this containerd config (e.g. /etc/containerd/config.toml) instead of printing it.")
+@click.option("--config", "config", type=click.Path(dir_okay=False, path_type=Path), default=install.CONFIG,
+              show_default=True, help="The TGS config tgs-runtime reads.")
+def setup_containerd(write_to: Path | None, config: Path) -> None:
+    """The runtime handler stanza for containerd's CRI (Kubernetes RuntimeClass `tgs`),
+    with the tgs.class annotation passed through. Install the programs first with
+    `tgs setup docker --dry-run` to see them, or without docker with `--daemon-json /dev/null`."""
+    stanza = install.containerd_stanza(install.Layout(), config)
+    if not write_to:
+        click.echo(stanza)
+        return
+    text = write_to.read_text() if write_to.exists() else ""
+    if "containerd.runtimes.tgs]" in text:
+        click.echo(f"{write_to} already has the tgs runtime handler")
+        return
+    write_to.parent.mkdir(parents=True, exist_ok=True)
+    with open(write_to, "a") as f:
+        f.write(stanza)
+    click.echo(f"appended the tgs runtime handler to {write_to}; restart containerd to load it")
+
+
+def register(group: click.Group) -> None:
+    group.add_command(setup_group)

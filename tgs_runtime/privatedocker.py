@@ -1,0 +1,131 @@
+"""A private dockerd (for the end-to-end tests and `tgs bench start`): Debian's docker.io with its own data root,
+exec root, socket and containerd, no iptables, no bridge, and the tgs runtime in its
+daemon.json; and a small image imported from local files (busybox-static, the workload and
+test programs, with the host's dynamic loader and libc so glibc programs and the preload
+work)."""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import tarfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+IMAGE = "tgs-test:base"
+PRELOAD_IMAGE = "tgs-test:preload"
+
+
+class DockerUnavailable(RuntimeError):
+    pass
+
+
+def _libs(binary: Path) -> list[Path]:
+    out = subprocess.run(["ldd", str(binary)], capture_output=True, text=True).stdout
+    libs = []
+    for line in out.splitlines():
+        parts = line.split("=>")
+        path = (parts[1] if len(parts) > 1 else parts[0]).strip().split(" (")[0].strip()
+        if path.startswith("/"):
+            libs.append(Path(path))
+    return libs
+
+
+@dataclass
+class PrivateDocker:
+    workdir: Path
+    runtime: Path           # tgs-runtime (the launcher)
+    tgs_config: Path        # what daemon.json's runtimeArgs name
+
+    def __post_init__(self):
+        self.sock = self.workdir / "docker.sock"
+        self.host = f"unix://{self.sock}"
+        self.exec_root = self.workdir / "exec"
+        self.proc: subprocess.Popen | None = None
+
+    def env(self) -> dict[str, str]:
+        return {**os.environ, "DOCKER_HOST": self.host}
+
+    def start(self, timeout: float = 60) -> "PrivateDocker":
+        if not shutil.which("dockerd"):
+            raise DockerUnavailable("dockerd is not installed (apt-get install docker.io; .ci/run does)")
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        daemon_json = self.workdir / "daemon.json"
+        daemon_json.write_text(json.dumps({"runtimes": {"tgs": {"path": str(self.runtime),
+                                                                 "runtimeArgs": ["--tgs-config", str(self.tgs_config)]}}}))
+        self.log = open(self.workdir / "dockerd.log", "w")
+        self.proc = subprocess.Popen(
+            ["dockerd", "--data-root", str(self.workdir / "data"), "--exec-root", str(self.exec_root),
+             "-H", self.host, "--pidfile", str(self.workdir / "docker.pid"), "--iptables=false",
+             "--ip6tables=false", "--bridge=none", "--ip-masq=false", "--userland-proxy=false",
+             "--config-file", str(daemon_json)],
+            stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise DockerUnavailable(f"dockerd exited: {(self.workdir / 'dockerd.log').read_text()[-3000:]}")
+            if self.docker("version", check=False).returncode == 0:
+                return self
+            time.sleep(0.2)
+        raise DockerUnavailable(f"dockerd did not start in {timeout}s")
+
+    def docker(self, *args: str, check: bool = True, timeout: float = 120, input: str | None = None):
+        proc = subprocess.run(["docker", *args], env=self.env(), capture_output=True, text=True, timeout=timeout,
+                              input=input)
+        if check and proc.returncode != 0:
+            raise RuntimeError(f"docker {' '.join(args)} failed: {proc.stderr}")
+        return proc
+
+    def popen(self, *args: str) -> subprocess.Popen:
+        return subprocess.Popen(["docker", *args], env=self.env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                text=True)
+
+    def build_image(self, files: dict[str, Path], tag: str, extra: dict[str, bytes] | None = None) -> None:
+        """An image from local files: busybox-static, `files` (image path -> host file) and
+        every library they need, with the host's loader."""
+        root = self.workdir / f"rootfs-{tag.replace(':', '-')}"
+        shutil.rmtree(root, ignore_errors=True)
+        busybox = Path("/bin/busybox")
+        for d in ("bin", "usr/bin", "etc", "tmp", "dev", "proc", "sys", "run"):
+            (root / d).mkdir(parents=True, exist_ok=True)
+        shutil.copy2(busybox, root / "bin/busybox")
+        for tool in ("sh", "sleep", "cat", "ls", "echo", "env", "grep", "true", "wc"):
+            (root / "bin" / tool).symlink_to("busybox")
+        needed: set[Path] = set()
+        for dest, src in files.items():
+            target = root / dest.lstrip("/")
+            target.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(src, target)
+            needed.update(_libs(src))
+        for lib in sorted(needed):
+            target = root / str(lib).lstrip("/")
+            target.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(lib.resolve(), target)
+        for dest, data in (extra or {}).items():
+            target = root / dest.lstrip("/")
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_bytes(data)
+        tar = self.workdir / f"{tag.replace(':', '-')}.tar"
+        with tarfile.open(tar, "w") as t:
+            t.add(root, arcname=".")
+        with open(tar, "rb") as f:
+            subprocess.run(["docker", "import", "-", tag], env=self.env(), stdin=f, check=True, capture_output=True)
+
+    def stop(self) -> None:
+        if self.proc and self.proc.poll() is None:
+            running = self.docker("ps", "-q", check=False).stdout.split()
+            if running:
+                self.docker("rm", "-f", *running, check=False)
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(30)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+        # containerd and its shims must not outlive the tests
+        subprocess.run(["pkill", "-9", "-f", str(self.exec_root)], capture_output=True)
+        subprocess.run(["pkill", "-9", "-f", str(self.workdir / "data")], capture_output=True)
+        if getattr(self, "log", None):
+            self.log.close()

@@ -1,0 +1,244 @@
+"""What tgs-runtime changes in a TGS container's OCI spec (config.json), one modifier per
+change, each a pure function of the spec (tests/test_runtime_spec.py checks each alone
+against golden files). The spec is edited as plain data: fields TGS does not know survive.
+
+Which containers ask for TGS, and as what, is decided here too (`classify`)."""
+from __future__ import annotations
+
+import copy
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from tgs_runtime import proto
+
+SHIM_IN_CONTAINER = "/usr/lib/tgs/libtgs.so"
+SIM_LIBS_IN_CONTAINER = "/usr/lib/tgs/simgpu"
+PRELOAD = "/etc/ld.so.preload"
+CLASS_ANNOTATION = "tgs.class"
+CLASS_ENV = "TGS_CLASS"
+GPU_ENV = "NVIDIA_VISIBLE_DEVICES"
+SANDBOX_ANNOTATIONS = {
+    "io.kubernetes.cri.container-type": "sandbox",     # containerd CRI
+    "io.kubernetes.docker.type": "podsandbox",         # dockershim
+    "io.kubernetes.cri-o.ContainerType": "sandbox",    # CRI-O
+}
+HOOK_PATH_ENV = "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+
+Spec = dict[str, Any]
+
+
+class SpecError(ValueError):
+    """The container cannot be set up as asked; the message is shown to the user."""
+
+
+# ---------------------------------------------------------------------------- deciding
+
+def env_value(spec: Spec, name: str) -> str | None:
+    """The value a process would see (the last entry wins, as with execve)."""
+    value = None
+    for entry in (spec.get("process") or {}).get("env") or []:
+        key, eq, v = str(entry).partition("=")
+        if eq and key == name:
+            value = v
+    return value
+
+
+def is_sandbox(spec: Spec) -> bool:
+    ann = spec.get("annotations") or {}
+    return any(ann.get(k) == v for k, v in SANDBOX_ANNOTATIONS.items())
+
+
+@dataclass(frozen=True)
+class Request:
+    cls: str
+    gpus: list[str]
+
+
+def classify(spec: Spec, default_class: str = "", production_policy: str = "any") -> Request | None:
+    """The TGS class and GPUs the container asks for, or None for a container TGS leaves alone.
+    The tgs.class annotation wins over TGS_CLASS; without either, GPU containers take the
+    configured default class."""
+    if is_sandbox(spec):
+        return None
+    annotation = (spec.get("annotations") or {}).get(CLASS_ANNOTATION)
+    env = env_value(spec, CLASS_ENV)
+    gpus_text = env_value(spec, GPU_ENV)
+    gpus = [g.strip() for g in (gpus_text or "").split(",") if g.strip() and g.strip() not in ("void", "none")]
+    cls = (annotation or env or "").strip().lower()
+    source = "annotation tgs.class" if annotation else f"{CLASS_ENV}"
+    if not cls:
+        if not default_class or not gpus:
+            return None
+        cls, source = default_class, "[runtime] default_class"
+    if cls not in ("production", "opportunistic"):
+        raise SpecError(f"{source}={cls!r}: expected production or opportunistic")
+    if cls == "production" and production_policy == "annotation" and not annotation:
+        raise SpecError("production needs the annotation tgs.class=production on this host (config [runtime] "
+                        "production = \"annotation\"); TGS_CLASS alone may come from the image")
+    if not gpus:
+        raise SpecError(f"a {cls} container needs a GPU: set {GPU_ENV} (e.g. -e {GPU_ENV}=0)")
+    return Request(cls, gpus)
+
+
+# ---------------------------------------------------------------------------- changing
+
+@dataclass(frozen=True)
+class Setup:
+    """Everything the modifiers need, from tgsd's reservation and the config."""
+
+    cls: str
+    gpus: list[str]                      # UUIDs
+    container_dir: Path                  # <state_dir>/c/<id> on the host
+    activity: dict[str, str]             # UUID -> host path of the GPU's activity file
+    shim_path: Path
+    hook_path: Path
+    config_path: Path | None
+    hook_timeout_s: int = 10
+    sim_state: Path | None = None
+    sim_lib_dir: Path | None = None
+    preload_lines: list[str] = field(default_factory=list)  # the image's own /etc/ld.so.preload
+
+
+def _mounts(spec: Spec) -> list:
+    return spec.setdefault("mounts", [])
+
+
+def _bind(spec: Spec, source: str, destination: str, *, ro: bool) -> None:
+    mounts = _mounts(spec)
+    mounts[:] = [m for m in mounts if m.get("destination") != destination]
+    mounts.append({"destination": destination, "type": "bind", "source": source,
+                   "options": ["rbind", "ro" if ro else "rw", "nosuid", "nodev"]})
+
+
+def _set_env(spec: Spec, name: str, value: str) -> None:
+    env = spec.setdefault("process", {}).setdefault("env", [])
+    env[:] = [e for e in env if e.partition("=")[0] != name] + [f"{name}={value}"]
+
+
+def mount_shim(spec: Spec, s: Setup) -> Spec:
+    """libtgs.so, read-only, at the path the preload names."""
+    spec = copy.deepcopy(spec)
+    _bind(spec, str(s.shim_path), SHIM_IN_CONTAINER, ro=True)
+    return spec
+
+
+def mount_container_dir(spec: Spec, s: Setup) -> Spec:
+    """The container's own directory (socket, control block) at /run/tgs."""
+    spec = copy.deepcopy(spec)
+    _bind(spec, str(s.container_dir), proto.CONTAINER_DIR, ro=False)
+    return spec
+
+
+def preload(spec: Spec, s: Setup) -> Spec:
+    """Every dynamically linked glibc process loads the shim: /etc/ld.so.preload, holding
+    the shim and then whatever the image's own file holds. glibc's loader alone reads that
+    file, so static and musl binaries are untouched (an LD_PRELOAD variable would break
+    musl ones). The combined file is written into the container's directory."""
+    spec = copy.deepcopy(spec)
+    lines = [SHIM_IN_CONTAINER] + [l for l in s.preload_lines if l and l != SHIM_IN_CONTAINER]
+    target = s.container_dir / "ld.so.preload"
+    target.write_text("\n".join(lines) + "\n")
+    _bind(spec, str(target), PRELOAD, ro=True)
+    return spec
+
+
+def hooks(spec: Spec, s: Setup) -> Spec:
+    """createRuntime: attach (tgsd learns the init pid); poststop: deregister. Absolute
+    paths, an explicit PATH and a timeout; inserted once however often this runs."""
+    spec = copy.deepcopy(spec)
+    all_hooks = spec.setdefault("hooks", {})
+    base = ["tgs-hook"] + (["--tgs-config", str(s.config_path)] if s.config_path else [])
+    for stage, arg in (("createRuntime", "createRuntime"), ("poststop", "poststop")):
+        entries = all_hooks.setdefault(stage, [])
+        entries[:] = [h for h in entries if h.get("path") != str(s.hook_path)]
+        entries.append({"path": str(s.hook_path), "args": base + [arg], "env": [HOOK_PATH_ENV],
+                        "timeout": s.hook_timeout_s})
+    return spec
+
+
+def environment(spec: Spec, s: Setup) -> Spec:
+    """The class as TGS decided it, and where the container's directory is."""
+    spec = copy.deepcopy(spec)
+    _set_env(spec, CLASS_ENV, s.cls)
+    _set_env(spec, "TGS_DIR", proto.CONTAINER_DIR)
+    return spec
+
+
+def mount_activity(spec: Spec, s: Setup) -> Spec:
+    """Each GPU's production activity file: writable for production, read-only otherwise."""
+    spec = copy.deepcopy(spec)
+    for uuid in s.gpus:
+        _bind(spec, s.activity[uuid], f"{proto.CONTAINER_DIR}/{proto.ACTIVITY_DIR}/{uuid}",
+              ro=s.cls != "production")
+    return spec
+
+
+def simgpu(spec: Spec, s: Setup) -> Spec:
+    """With [sim]: simgpu's libraries and state file, the way the NVIDIA runtime injects the
+    real driver, and only the container's GPUs visible."""
+    if not s.sim_state or not s.sim_lib_dir:
+        return spec
+    spec = copy.deepcopy(spec)
+    for lib in ("libcuda.so.1", "libnvidia-ml.so.1"):
+        _bind(spec, str(Path(s.sim_lib_dir) / lib), f"{SIM_LIBS_IN_CONTAINER}/{lib}", ro=True)
+    _bind(spec, str(s.sim_state), str(s.sim_state), ro=False)
+    old = [p for p in (env_value(spec, "LD_LIBRARY_PATH") or "").split(":") if p and p != SIM_LIBS_IN_CONTAINER]
+    _set_env(spec, "LD_LIBRARY_PATH", ":".join([SIM_LIBS_IN_CONTAINER, *old]))
+    _set_env(spec, "SIMGPU_STATE", str(s.sim_state))
+    _set_env(spec, "SIMGPU_VISIBLE_DEVICES", ",".join(s.gpus))
+    return spec
+
+
+MODIFIERS = [mount_shim, mount_container_dir, mount_activity, preload, hooks, environment, simgpu]
+
+
+def apply(spec: Spec, s: Setup) -> Spec:
+    for modify in MODIFIERS:
+        spec = modify(spec, s)
+    return spec
+
+
+# ---------------------------------------------------------------------------- files
+
+def rootfs(spec: Spec, bundle: Path) -> Path:
+    root = Path((spec.get("root") or {}).get("path") or "rootfs")
+    return root if root.is_absolute() else bundle / root
+
+
+def image_preload(spec: Spec, bundle: Path) -> list[str]:
+    """The image's own /etc/ld.so.preload entries (whitespace or newline separated)."""
+    try:
+        text = (rootfs(spec, bundle) / PRELOAD.lstrip("/")).read_text()
+    except (OSError, UnicodeDecodeError):
+        return []
+    return [w for line in text.splitlines() for w in line.split("#")[0].split()]
+
+
+def read(bundle: Path) -> Spec:
+    path = bundle / "config.json"
+    try:
+        spec = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise SpecError(f"bundle {bundle}: no config.json (is this an OCI bundle?)") from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise SpecError(f"cannot read {path}: {e}") from None
+    except ValueError as e:
+        raise SpecError(f"{path} is not valid JSON: {e}") from None
+    if not isinstance(spec, dict):
+        raise SpecError(f"{path} is not an OCI spec (not a JSON object)")
+    return spec
+
+
+def write(bundle: Path, spec: Spec) -> None:
+    """Atomically: a complete new file renamed over the old one."""
+    path = bundle / "config.json"
+    tmp = bundle / f".config.json.tgs-{os.getpid()}"
+    with open(tmp, "w") as f:
+        json.dump(spec, f)
+        f.flush()
+        os.fsync(f.fileno())
+    os.chmod(tmp, path.stat().st_mode & 0o7777)
+    os.replace(tmp, path)

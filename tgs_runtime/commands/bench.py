@@ -12,6 +12,8 @@ from tgs_runtime.paths import REPO_ROOT, MissingArtifact
 BENCHMARKS = {
     "launch": "what libtgs.so adds to a kernel launch (ns and instructions)",
     "start": "what the tgs runtime adds to `docker run --rm` (needs root and docker.io)",
+    "isolation": "production protection and idle time reclaimed at 25/50/75 % duty, four settings",
+    "pytorch": "ResNet-50 (production) beside a GPT-2-small-sized model (opportunistic) (needs a GPU and torch)",
 }
 
 
@@ -26,6 +28,8 @@ def bench_cmd(name: str, json_path: Path | None, quick: bool) -> None:
     \b
     launch      what libtgs.so adds to a kernel launch (ns and instructions)
     start       what the tgs runtime adds to `docker run --rm` (needs root and docker.io)
+    isolation   production protection and idle time reclaimed at 25/50/75 % duty
+    pytorch     ResNet-50 beside a GPT-2-small-sized model (needs a GPU and torch)
     """
     if not (REPO_ROOT / "bench" / "__init__.py").exists():
         raise click.ClickException(f"the benchmarks live in a source checkout's bench/ ({REPO_ROOT / 'bench'} is missing)")

@@ -582,6 +582,8 @@ class Daemon:
                                           st.last.get("gate", True), st)
 
     def _memory(self, st: GpuState, prod, opp) -> None:
+        if not self.cfg.memory.orders:
+            return
         prod_foot = sum(c.footprint(s) for c, s in prod)
         ranges, owners = [], {}
         for c, slot in opp:

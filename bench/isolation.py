@@ -1,0 +1,116 @@
+"""`tgs bench isolation`: the TGS paper's main experiment.
+
+A production job at 25/50/75 % duty beside a GPU-bound opportunistic one, under four
+settings, each measured in the same run: exclusive (each alone), co-execution (both, no
+control), tgs-paper (the original TGS controller) and fast (ours). Figures: production
+ratio (shared / solo), opportunistic / its exclusive, share of idle time (opportunistic
+ratio / (1 - duty)), GPU busy fraction. Targets (fast): production >= 0.97 while
+opportunistic gets >= 0.8 of the idle time."""
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+from bench.common import Echo, Outputs, machine, table
+from bench.lab import Lab
+from tgs_runtime.workload import Workload
+
+DUTIES = (0.25, 0.5, 0.75)
+OPP = dict(kernel_us=1000, kernels=10, report_s=0.25)
+
+
+def production(duty: float, seconds: float) -> Workload:
+    return Workload.with_duty(duty, period_ms=20, kernels=10, seconds=seconds, report_s=0.25)
+
+
+def measure(lab: Lab, jobs: dict, t0: float, t1: float) -> dict:
+    """Runs until t1 seconds into the jobs, returns their rates over [t0, t1] and the engine."""
+    start = min(j.started for j in jobs.values())
+    time.sleep(max(0.0, start + t0 - time.monotonic()))
+    before = lab.snapshot()
+    time.sleep(max(0.0, start + t1 - time.monotonic()))
+    after = lab.snapshot()
+    for j in jobs.values():
+        j.wait()
+    busy = lab.busy(before, after)
+    return {"rates": {k: j.rate(t0, t1) for k, j in jobs.items()},
+            "busy_fraction": busy.get("(all)", 0.0) / (t1 - t0) if busy else None}
+
+
+def run(echo: Echo = print, quick: bool = False, json_path: Path | None = None) -> dict:
+    scale = 0.4 if quick else 1.0
+    ex_s, co_s, fast_s, paper_s = 12 * scale, 14 * scale, 18 * scale, 45 * scale
+    results: dict = {"settings": {}, "solo": {}}
+    gpu = None
+    with Lab() as lab:
+        gpu = lab.gpu_label
+        echo(f"isolation on {gpu}: exclusive runs")
+        opp = measure(lab, {"opp": lab.run(Workload(seconds=ex_s, **OPP), "excl-opp")}, ex_s / 4, ex_s)
+        results["solo"]["opportunistic"] = opp["rates"]["opp"]
+        for d in DUTIES:
+            r = measure(lab, {"prod": lab.run(production(d, ex_s), f"excl-prod-{d}")}, ex_s / 4, ex_s)
+            results["solo"][str(d)] = {"production": r["rates"]["prod"], "busy_fraction": r["busy_fraction"]}
+            echo(f"  production at {d:.0%} duty alone: {r['rates']['prod']:.1f} it/s")
+        echo(f"  opportunistic alone: {results['solo']['opportunistic']:.1f} it/s")
+        for d in DUTIES:
+            jobs = {"prod": lab.run(production(d, co_s), f"co-prod-{d}"),
+                    "opp": lab.run(Workload(seconds=co_s, **OPP), f"co-opp-{d}")}
+            results["settings"].setdefault("co-execution", {})[str(d)] = measure(lab, jobs, co_s / 4, co_s)
+            echo(f"  co-execution at {d:.0%}: {results['settings']['co-execution'][str(d)]['rates']}")
+    for name, controller, seconds, warm in (("tgs-paper", "tgs-paper", paper_s, 0.5), ("fast", "fast", fast_s, 1 / 3)):
+        for d in DUTIES:
+            with Lab(tgsd={"control": {"controller": controller}}) as lab:
+                prod_c, opp_c = lab.container("production"), lab.container("opportunistic")
+                jobs = {"prod": lab.run(production(d, seconds), f"{name}-prod-{d}", prod_c),
+                        "opp": lab.run(Workload(seconds=seconds, **OPP), f"{name}-opp-{d}", opp_c)}
+                results["settings"].setdefault(name, {})[str(d)] = measure(lab, jobs, seconds * warm, seconds)
+                echo(f"  {name} at {d:.0%}: {results['settings'][name][str(d)]['rates']}")
+    rows, summary = [], {}
+    for name, per in results["settings"].items():
+        for d in DUTIES:
+            m = per[str(d)]
+            prod_ratio = m["rates"]["prod"] / results["solo"][str(d)]["production"]
+            opp_ratio = m["rates"]["opp"] / results["solo"]["opportunistic"]
+            idle = opp_ratio / (1 - d)
+            summary.setdefault(name, {})[str(d)] = {"production_ratio": round(prod_ratio, 3),
+                                                    "opportunistic_ratio": round(opp_ratio, 3),
+                                                    "idle_share": round(idle, 3),
+                                                    "busy_fraction": None if m["busy_fraction"] is None else round(m["busy_fraction"], 3)}
+            s = summary[name][str(d)]
+            rows.append([name, f"{d:.0%}", f"{prod_ratio:.3f}", f"{opp_ratio:.3f}", f"{idle:.3f}",
+                         "-" if s["busy_fraction"] is None else f"{s['busy_fraction']:.2f}"])
+    result = {"benchmark": "isolation", "simulated": gpu != "real GPU", "machine": machine(gpu), "quick": quick,
+              "raw": results, "summary": summary,
+              "targets": {"fast": {"production_ratio": 0.97, "idle_share": 0.8}}}
+    md = (f"### isolation: production protection and idle time reclaimed ({gpu}, {result['machine']['date']}, "
+          f"commit {result['machine']['commit']})\n\n"
+          + table(["setting", "production duty", "production / solo", "opportunistic / exclusive",
+                   "share of idle time", "GPU busy"], rows)
+          + "\n\nProduction: 10 kernels per 20 ms iteration at the duty shown; opportunistic: GPU-bound 1 ms kernels. "
+          "Targets for fast: production >= 0.97, share of idle time >= 0.8.")
+    Outputs("isolation", json_path).write(result, md, echo, {"isolation.png": plot(summary)})
+    return result
+
+
+def plot(summary: dict):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(10, 3.6))
+    names = list(summary)
+    width = 0.8 / len(names)
+    for k, (key, title) in enumerate((("production_ratio", "production / solo"), ("idle_share", "share of idle time"))):
+        ax = axes[k]
+        for i, name in enumerate(names):
+            ys = [summary[name][str(d)][key] for d in DUTIES]
+            ax.bar([j + i * width for j in range(len(DUTIES))], ys, width, label=name)
+        ax.set_xticks([j + width * (len(names) - 1) / 2 for j in range(len(DUTIES))], [f"{d:.0%}" for d in DUTIES])
+        ax.set_xlabel("production duty")
+        ax.set_title(title)
+        ax.axhline(0.97 if key == "production_ratio" else 0.8, color="gray", ls="--", lw=0.8)
+        ax.set_ylim(0, 1.15)
+    axes[0].legend(fontsize=8, loc="lower left")
+    fig.tight_layout()
+    return fig

@@ -1,0 +1,100 @@
+"""`tgs bench pytorch`: real PyTorch training through libtgs.so (needs a GPU and torch).
+
+Production: ResNet-50 training with a CPU gap after each step (a data loader's time), so
+the GPU idles part of each iteration. Opportunistic: a GPT-2-small-sized decoder training
+flat out. Settings, side by side in one run: exclusive (each alone, no shim), co-execution
+(both, no shim), TGS fast (both in TGS containers of their class, tgsd of our own with a
+memory budget far below the card's). Figures: production / exclusive, opportunistic /
+exclusive, share of idle time (opportunistic ratio / (1 - production's duty))."""
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+
+from bench.common import Echo, Outputs, machine, table
+from bench.lab import Job, Lab
+
+HERE = Path(__file__).resolve().parent
+
+
+def argv(model: str, seconds: float, gap_ms: float = 0, batch: int | None = None) -> list[str]:
+    out = [sys.executable, str(HERE / "torch_train.py"), "--model", model, "--seconds", f"{seconds:g}",
+           "--warmup-s", "4", "--gap-ms", f"{gap_ms:g}", "--report-s", "0.5"]
+    if batch:
+        out += ["--batch", str(batch)]
+    return out
+
+
+def window(jobs: dict[str, Job], seconds: float, timeout: float = 240) -> dict[str, float]:
+    """Waits until every job reports, then measures each over the same wall-clock window."""
+    deadline = time.monotonic() + timeout
+    while any(not j.arrivals for j in jobs.values()):
+        dead = [k for k, j in jobs.items() if j.proc.poll() is not None and not j.arrivals]
+        if dead or time.monotonic() > deadline:
+            for j in jobs.values():
+                j.kill()
+                j.wait()
+            raise RuntimeError("PyTorch job(s) " + ", ".join(dead or list(jobs)) + " did not start: "
+                               + " | ".join((jobs[k].errors or [jobs[k].stderr[-800:]])[-1] for k in (dead or jobs)))
+        time.sleep(0.2)
+    w0 = time.monotonic() + 2
+    w1 = w0 + seconds
+    time.sleep(max(0.0, w1 + 1 - time.monotonic()))
+    rates = {k: j.rate_between(w0, w1) for k, j in jobs.items()}
+    for j in jobs.values():
+        j.kill()
+        j.wait()
+    return rates
+
+
+def run(echo: Echo = print, quick: bool = False, json_path: Path | None = None) -> dict:
+    try:
+        import torch  # noqa: F401
+    except ImportError:
+        raise SystemExit("tgs bench pytorch needs PyTorch (pip install torch) and an NVIDIA GPU")
+    seconds = 8 if quick else 20
+    gap_ms = 40.0
+    long = 1000  # the jobs run until the window is measured
+    res: dict = {}
+    with Lab() as lab:
+        if not lab.real:
+            raise SystemExit("tgs bench pytorch needs an NVIDIA GPU (simgpu runs no PyTorch kernels)")
+        echo("pytorch on a real GPU: exclusive runs")
+        res["excl_prod"] = window({"prod": lab.run(argv("resnet50", long, gap_ms), "excl-prod")}, seconds)["prod"]
+        res["excl_opp"] = window({"opp": lab.run(argv("gpt2", long, 0, 8), "excl-opp")}, seconds)["opp"]
+        res["excl_prod_nogap"] = window({"prod": lab.run(argv("resnet50", long, 0), "excl-prod-nogap")},
+                                        seconds)["prod"]
+        echo(f"  resnet50 (gap {gap_ms:g} ms) {res['excl_prod']:.2f} it/s, no gap {res['excl_prod_nogap']:.2f} it/s;"
+             f" gpt2 {res['excl_opp']:.2f} it/s")
+        r = window({"prod": lab.run(argv("resnet50", long, gap_ms), "co-prod"),
+                    "opp": lab.run(argv("gpt2", long, 0, 8), "co-opp")}, seconds)
+        res["co-execution"] = r
+        echo(f"  co-execution: {r}")
+    with Lab(tgsd={"control": {"controller": "fast"}}) as lab:
+        prod_c, opp_c = lab.container("production"), lab.container("opportunistic")
+        jobs = {"prod": lab.run(argv("resnet50", long, gap_ms), "tgs-prod", prod_c),
+                "opp": lab.run(argv("gpt2", long, 0, 8), "tgs-opp", opp_c)}
+        time.sleep(0 if quick else 5)  # let the controller profile production first
+        res["fast"] = window(jobs, seconds)
+        echo(f"  TGS fast: {res['fast']}")
+    # Production's duty alone: the GPU's share of one step with the gap.
+    duty = min(1.0, res["excl_prod"] / res["excl_prod_nogap"])
+    rows, summary = [], {}
+    for name in ("co-execution", "fast"):
+        p = res[name]["prod"] / res["excl_prod"]
+        o = res[name]["opp"] / res["excl_opp"]
+        idle = o / (1 - duty) if duty < 1 else float("nan")
+        summary[name] = {"production_ratio": round(p, 3), "opportunistic_ratio": round(o, 3),
+                         "idle_share": round(idle, 3)}
+        rows.append([name, f"{p:.3f}", f"{o:.3f}", f"{idle:.3f}"])
+    result = {"benchmark": "pytorch", "simulated": False, "machine": machine("real GPU"), "quick": quick,
+              "raw": res, "production_duty": round(duty, 3), "summary": summary}
+    md = (f"### pytorch: ResNet-50 (production, {gap_ms:g} ms CPU gap per step, duty {duty:.2f}) beside a "
+          f"GPT-2-small-sized decoder (opportunistic), real GPU, {result['machine']['date']}, "
+          f"commit {result['machine']['commit']}\n\n"
+          + table(["setting", "production / exclusive", "opportunistic / exclusive", "share of idle time"], rows)
+          + f"\n\nExclusive: ResNet-50 {res['excl_prod']:.2f} it/s (batch 64), GPT-2-small-sized "
+          f"{res['excl_opp']:.2f} it/s (batch 8 x 512 tokens).")
+    Outputs("pytorch", json_path).write(result, md, echo)
+    return result

@@ -5,9 +5,11 @@ settings, each measured in the same run: exclusive (each alone), co-execution (b
 control), tgs-paper (the original TGS controller) and fast (ours). Figures: production
 ratio (shared / solo), opportunistic / its exclusive, share of idle time (opportunistic
 ratio / (1 - duty)), GPU busy fraction. Targets (fast): production >= 0.97 while
-opportunistic gets >= 0.8 of the idle time."""
+opportunistic gets >= 0.8 of the idle time. TGS_BENCH_CONTROLLERS=fast (a comma list)
+runs only those controllers, for a shorter run."""
 from __future__ import annotations
 
+import os
 import time
 from pathlib import Path
 
@@ -57,7 +59,10 @@ def run(echo: Echo = print, quick: bool = False, json_path: Path | None = None) 
                     "opp": lab.run(Workload(seconds=co_s, **OPP), f"co-opp-{d}")}
             results["settings"].setdefault("co-execution", {})[str(d)] = measure(lab, jobs, co_s / 4, co_s)
             echo(f"  co-execution at {d:.0%}: {results['settings']['co-execution'][str(d)]['rates']}")
+    wanted = os.environ.get("TGS_BENCH_CONTROLLERS", "tgs-paper,fast").split(",")
     for name, controller, seconds, warm in (("tgs-paper", "tgs-paper", paper_s, 0.5), ("fast", "fast", fast_s, 1 / 3)):
+        if name not in wanted:
+            continue
         for d in DUTIES:
             with Lab(tgsd={"control": {"controller": controller}}) as lab:
                 prod_c, opp_c = lab.container("production"), lab.container("opportunistic")

@@ -18,18 +18,6 @@ from tgs_runtime.paths import artifacts
 from tgs_runtime.workload import Report, Workload, parse_line
 
 
-def real_gpu() -> bool:
-    """An NVIDIA GPU with its driver (then the benchmarks use it instead of simgpu)."""
-    if not os.path.exists("/dev/nvidiactl"):
-        return False
-    try:
-        import ctypes
-
-        return ctypes.CDLL("libcuda.so.1").cuInit(0) == 0
-    except OSError:
-        return False
-
-
 @dataclass
 class Job:
     label: str
@@ -102,10 +90,9 @@ class Lab:
 
     def __init__(self, *, memory: str = "8G", tgsd: dict | None = None):
         self.dir = Path(tempfile.mkdtemp(prefix="tgs-lab-"))
-        self.real = real_gpu()
+        self.real = sim.real_gpu()
         self.settings = sim.SimSettings(state=self.dir / "simgpu.state", memory=memory)
         self.jobs: list[Job] = []
-        self.inits: list[subprocess.Popen] = []
         self.tgsd: ChildTgsd | None = None
         a = artifacts()
         if not self.real:
@@ -133,15 +120,10 @@ class Lab:
         env.update(extra or {})
         return env
 
-    def container(self, cls: str, cid: str | None = None) -> dict[str, str]:
+    def container(self, cls: str) -> dict[str, str]:
         """Registers a container with tgsd; the environment its processes run with."""
         assert self.tgsd, "this lab has no tgsd"
-        cid = cid or f"{cls[:4]}{len(self.inits) + 1}"
-        reply = self.tgsd.admin.reserve(cid, cls, ["0"])
-        init = subprocess.Popen(["sleep", "100000"])
-        self.inits.append(init)
-        self.tgsd.admin.attach(cid, init.pid)
-        return {"TGS_DIR": reply["dir"], "LD_PRELOAD": str(artifacts().shim), "TGS_LOG_LEVEL": "error"}
+        return {**self.tgsd.register(cls).env(artifacts().shim), "TGS_LOG_LEVEL": "error"}
 
     def run(self, w: Workload | list[str], label: str, container: dict | None = None) -> Job:
         """Starts a workload (or any program printing the workload's JSON lines)."""
@@ -173,9 +155,6 @@ class Lab:
     def close(self) -> None:
         for j in self.jobs:
             j.kill()
-        for p in self.inits:
-            p.kill()
-            p.wait()
         if self.tgsd:
             self.tgsd.close()
             keep = os.environ.get("TGS_BENCH_LOGS")  # a folder to keep tgsd's log in

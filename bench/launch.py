@@ -1,12 +1,13 @@
 """`tgs bench launch`: what libtgs.so adds to one kernel launch.
 
-Zero-length kernels from one thread, on simgpu, with and without the shim, interleaved
-round by round in one run: nanoseconds inside cuLaunchKernel per launch (medians), and
-instructions per launch counted by callgrind beside them (repeatable whatever the
-machine is doing). Target: <= 100 ns added."""
+Zero-length kernels from one thread, on simgpu (or the real GPU when there is one), with
+and without the shim, interleaved round by round in one run: nanoseconds inside
+cuLaunchKernel per launch (medians), and on simgpu instructions per launch counted by
+callgrind beside them (repeatable whatever the machine is doing). Target: <= 100 ns added."""
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
 import subprocess
@@ -20,8 +21,8 @@ from tgs_runtime.paths import artifacts
 MODES = ["without the shim", "shim, no TGS", "production", "opportunistic, unlimited"]
 
 
-def _env(settings: sim.SimSettings, mode: str, dirs: dict[str, Path]) -> dict[str, str]:
-    env = settings.env()
+def _env(settings: sim.SimSettings | None, mode: str, dirs: dict[str, Path]) -> dict[str, str]:
+    env = settings.env() if settings else {k: v for k, v in os.environ.items() if not k.startswith("TGS_")}
     env["SIMGPU_LABEL"] = mode
     if mode != "without the shim":
         env["LD_PRELOAD"] = str(artifacts().require(artifacts().shim))
@@ -51,10 +52,20 @@ def _instructions(env: dict, launches: int, workdir: Path) -> int:
 def run(echo: Echo = print, quick: bool = False, json_path: Path | None = None) -> dict:
     rounds, launches = (3, 50_000) if quick else (9, 200_000)
     with tempfile.TemporaryDirectory(prefix="tgs-bench-launch-") as d:
-        settings = sim.SimSettings(state=Path(d) / "simgpu.state", memory="2G")
-        subprocess.run([str(artifacts().workload), "--seconds", "0.01", "--param-mb", "0", "--act-mb", "0"],
-                       env=settings.env(), capture_output=True, check=True)
-        uuid = sim.status(settings.state)["devices"][0]["uuid"]
+        real = sim.real_gpu()
+        if real:
+            settings = None
+            import pynvml
+
+            pynvml.nvmlInit()
+            uuid = pynvml.nvmlDeviceGetUUID(pynvml.nvmlDeviceGetHandleByIndex(0))
+            uuid = uuid.decode() if isinstance(uuid, bytes) else uuid
+            pynvml.nvmlShutdown()
+        else:
+            settings = sim.SimSettings(state=Path(d) / "simgpu.state", memory="2G")
+            subprocess.run([str(artifacts().workload), "--seconds", "0.01", "--param-mb", "0", "--act-mb", "0"],
+                           env=settings.env(), capture_output=True, check=True)
+            uuid = sim.status(settings.state)["devices"][0]["uuid"]
 
         def unlimited(cb):
             cb.set_budget(0, rate=proto.RATE_UNLIMITED, inflight=0)
@@ -68,7 +79,9 @@ def run(echo: Echo = print, quick: bool = False, json_path: Path | None = None) 
                 echo(f"  round {r + 1}/{rounds}: " + ", ".join(f"{m} {samples[m][-1]:.0f} ns" for m in MODES))
             instr: dict[str, float | None] = {m: None for m in MODES}
             reason = None
-            if shutil.which("valgrind"):
+            if real:
+                reason = "not counted on a real GPU"
+            elif shutil.which("valgrind"):
                 n1, n2 = (2_000, 6_000) if quick else (4_000, 24_000)
                 for mode in MODES:
                     env = _env(settings, mode, dirs)
@@ -88,10 +101,11 @@ def run(echo: Echo = print, quick: bool = False, json_path: Path | None = None) 
                     "added_instructions": None if ir is None or base_ir is None else round(ir - base_ir, 1)}
         rows.append([m, f"{ns:.1f}", f"{ns - base_ns:+.1f}", "-" if ir is None else f"{ir:.0f}",
                      "-" if ir is None or base_ir is None else f"{ir - base_ir:+.0f}"])
-    result = {"benchmark": "launch", "simulated": True, "machine": machine("simgpu (simulated)"),
+    gpu = "real GPU" if real else "simgpu (simulated)"
+    result = {"benchmark": "launch", "simulated": not real, "machine": machine(gpu),
               "rounds": rounds, "launches_per_run": launches, "modes": modes, "callgrind": reason or "ok",
               "target_added_ns": 100}
-    md = (f"### launch: cost of one kernel launch (simulated GPU, {result['machine']['date']}, "
+    md = (f"### launch: cost of one kernel launch ({gpu}, {result['machine']['date']}, "
           f"commit {result['machine']['commit']})\n\n"
           + table(["mode", "ns/launch (median)", "added ns", "instructions/launch", "added instructions"], rows)
           + f"\n\n{rounds} interleaved rounds of {launches} zero-length launches; instructions by callgrind"

@@ -65,6 +65,19 @@ def test_harm_is_cut_until_production_holds():
     assert b.rate >= 1000, "opportunistic work is not starved"
 
 
+def test_idle_production_frees_opportunistic_within_a_second_and_is_protected_on_return():
+    r = Rig(fast(), harm=0.2)
+    r.run(2, opportunistic=False)
+    assert r.run(15).rate != UNLIMITED, "harm was cut"
+    solo, r.solo = r.solo, 0.0  # the production container's job ends; the container stays
+    assert r.run(1.0).rate == UNLIMITED, "an idle production leaves opportunistic work the whole GPU"
+    r.run(5)
+    r.solo = solo  # the next production job starts
+    b = r.run(15)
+    prod = r.solo - 0.2 * min(r.capacity, float(b.rate))
+    assert b.rate != UNLIMITED and prod >= 0.96 * r.solo, f"production at {prod / r.solo:.3f} once back"
+
+
 def test_no_harm_keeps_opportunistic_free():
     r = Rig(fast(), harm=0.0)
     r.run(2, opportunistic=False)

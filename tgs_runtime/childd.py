@@ -9,9 +9,25 @@ import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 from tgs_runtime.admin import AdminClient, DaemonUnavailable
+
+
+@dataclass
+class ProcessContainer:
+    """A container registered as tgs-runtime registers one, made of plain processes: a
+    sleeping process stands in for its init (killing it is the container dying)."""
+
+    id: str
+    cls: str
+    dir: Path
+    init: subprocess.Popen
+
+    def env(self, shim: Path) -> dict[str, str]:
+        """What a process of this container runs with (tgs-runtime puts the same in the spec)."""
+        return {"TGS_DIR": str(self.dir), "LD_PRELOAD": str(shim)}
 
 
 def merge(base: dict, extra: dict) -> dict:
@@ -52,6 +68,7 @@ class ChildTgsd:
         self.admin = AdminClient(self.state_dir, timeout=10)
         self.proc: subprocess.Popen | None = None
         self._log = None
+        self.inits: list[subprocess.Popen] = []
 
     def start(self, timeout: float = 20) -> "ChildTgsd":
         env = {k: v for k, v in os.environ.items() if not k.startswith(("SIMGPU_", "TGS_"))}
@@ -69,6 +86,15 @@ class ChildTgsd:
                 time.sleep(0.05)
         raise TimeoutError(f"tgsd did not answer in {timeout}s:\n{self.log_path.read_text()[-3000:]}")
 
+    def register(self, cls: str, gpus: list[str] | None = None, cid: str | None = None) -> ProcessContainer:
+        """Reserves and attaches a container of plain processes (`reserve`, then `attach`)."""
+        cid = cid or f"{cls[:4]}{len(self.inits) + 1}"
+        reply = self.admin.reserve(cid, cls, gpus or ["0"])
+        init = subprocess.Popen(["sleep", "86400"])
+        self.inits.append(init)
+        self.admin.attach(cid, init.pid)
+        return ProcessContainer(cid, cls, Path(reply["dir"]), init)
+
     def stop(self, sig: int = signal.SIGTERM, timeout: float = 10) -> int:
         if self.proc and self.proc.poll() is None:
             self.proc.send_signal(sig)
@@ -79,5 +105,9 @@ class ChildTgsd:
         return self.proc.returncode if self.proc else 0
 
     def close(self) -> None:
+        for p in self.inits:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
         self.stop()
         shutil.rmtree(self.state_dir, ignore_errors=True)

@@ -4,9 +4,15 @@ table that says what sharing cost and what it gained.
 Phases, each measured in the same run (ARCHITECTURE.md, "Measures"):
   exclusive     production alone, then opportunistic alone
   co-execution  both at once, no control (what a shared GPU does by itself)
+  TGS           both at once, each in a TGS container of its class (libtgs.so preloaded,
+                registered with a tgsd of the demo's own, started with a temporary config)
+
+On a machine with an NVIDIA GPU the jobs run on it; otherwise on simgpu. The jobs run as
+plain processes registered as tgs-runtime registers a container's processes.
 """
 from __future__ import annotations
 
+import os
 import selectors
 import subprocess
 import sys
@@ -17,6 +23,8 @@ from pathlib import Path
 from typing import Callable, Sequence
 
 from tgs_runtime import sim
+from tgs_runtime.childd import ChildTgsd, ProcessContainer
+from tgs_runtime.paths import artifacts
 from tgs_runtime.workload import Report, Workload, parse_line
 
 Echo = Callable[[str], None]
@@ -41,7 +49,7 @@ class DemoPlan:
 class PhaseResult:
     name: str
     throughput: dict[str, float] = field(default_factory=dict)  # role -> iterations/s
-    busy_fraction: float = 0.0
+    busy_fraction: float | None = None  # simgpu's accounting; None on a real GPU
 
 
 def _stream(procs: dict[str, subprocess.Popen], echo: Echo, phase: str) -> dict[str, Report]:
@@ -71,37 +79,73 @@ def _stream(procs: dict[str, subprocess.Popen], echo: Echo, phase: str) -> dict[
     return last
 
 
-class SimDemo:
-    """The demo on a simulated GPU (no GPU on this machine)."""
+class Demo:
+    """The demo's jobs on one GPU: the real one, or simgpu when there is none."""
 
-    def __init__(self, plan: DemoPlan, echo: Echo, workdir: Path):
+    def __init__(self, plan: DemoPlan, echo: Echo, workdir: Path, real: bool):
         self.plan = plan
         self.echo = echo
+        self.real = real
+        self.workdir = workdir
         self.settings = sim.SimSettings(state=workdir / "simgpu.state", memory="8G")
 
-    def _run(self, phase: str, jobs: Sequence[tuple[str, Workload]]) -> PhaseResult:
-        before = sim.status(self.settings.state) if self.settings.state.exists() else None
+    def _env(self, label: str, container: ProcessContainer | None) -> dict[str, str]:
+        env = dict(os.environ) if self.real else self.settings.env()
+        for k in [k for k in env if k.startswith("TGS_")]:
+            del env[k]
+        env["SIMGPU_LABEL"] = label
+        if container:
+            env.update(container.env(artifacts().shim))
+            env["TGS_LOG_LEVEL"] = "error"
+        return env
+
+    def _busy_ns(self) -> int | None:
+        if self.real or not self.settings.state.exists():
+            return None
+        return sim.status(self.settings.state)["devices"][0]["busy_ns"]
+
+    def _run(self, phase: str, jobs: Sequence[tuple[str, Workload]],
+             containers: dict[str, ProcessContainer] | None = None) -> PhaseResult:
+        before = self._busy_ns()
         t0 = time.monotonic()
         procs = {}
         for role, w in jobs:
-            env = self.settings.env()
-            env["SIMGPU_LABEL"] = f"{phase}:{role}"
+            env = self._env(f"{phase}:{role}", (containers or {}).get(role))
             procs[role] = subprocess.Popen(w.argv(), env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         summaries = _stream(procs, self.echo, phase)
         wall = time.monotonic() - t0
-        after = sim.status(self.settings.state)
-        busy0 = before["devices"][0]["busy_ns"] if before else 0
+        after = self._busy_ns()
         res = PhaseResult(phase, {role: s.iterations_per_s for role, s in summaries.items()})
-        res.busy_fraction = (after["devices"][0]["busy_ns"] - busy0) / 1e9 / wall
+        res.busy_fraction = None if after is None else (after - (before or 0)) / 1e9 / wall
         return res
+
+    def _tgsd(self) -> ChildTgsd:
+        a = artifacts()
+        config = {"daemon": {"log": "json"},
+                  "runtime": {"shim_path": str(a.require(a.shim)), "hook_path": str(a.root / "tgs-hook")}}
+        if self.real:  # unified memory well below any card's size
+            config["memory"] = {"budget": "8G"}
+        else:
+            config["sim"] = {"enabled": True, "state": str(self.settings.state), "lib_dir": str(a.simgpu_dir)}
+        return ChildTgsd(config, self.workdir / "tgs.toml", self.workdir / "tgsd.log").start()
 
     def run(self) -> list[PhaseResult]:
         p = self.plan
-        return [
+        results = [
             self._run("exclusive", [("production", p.production)]),
             self._run("exclusive", [("opportunistic", p.opportunistic)]),
             self._run("co-execution", [("production", p.production), ("opportunistic", p.opportunistic)]),
         ]
+        self.echo("  (starting tgsd with a temporary config for the TGS phase)")
+        tgsd = self._tgsd()
+        try:
+            containers = {"production": tgsd.register("production", cid="demo-production"),
+                          "opportunistic": tgsd.register("opportunistic", cid="demo-opportunistic")}
+            results.append(self._run("TGS", [("production", p.production), ("opportunistic", p.opportunistic)],
+                                     containers))
+        finally:
+            tgsd.close()
+        return results
 
 
 def table(results: list[PhaseResult]) -> str:
@@ -114,7 +158,7 @@ def table(results: list[PhaseResult]) -> str:
             continue
         prod, opp = r.throughput.get("production", 0.0), r.throughput.get("opportunistic", 0.0)
         rows.append((r.name, f"{prod:.1f}", f"{prod / excl_prod:.2f}", f"{opp:.1f}", f"{opp / excl_opp:.2f}",
-                     f"{r.busy_fraction * 100:.0f}%"))
+                     "-" if r.busy_fraction is None else f"{r.busy_fraction * 100:.0f}%"))
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     lines = ["  ".join(c.ljust(w) for c, w in zip(row, widths)) for row in rows]
     lines.insert(1, "  ".join("-" * w for w in widths))
@@ -123,12 +167,22 @@ def table(results: list[PhaseResult]) -> str:
 
 def run_demo(phase_seconds: float, echo: Echo = print) -> list[PhaseResult]:
     plan = DemoPlan.default(phase_seconds)
+    real = sim.real_gpu()
     with tempfile.TemporaryDirectory(prefix="tgs-demo-") as d:
-        echo("No GPU driver in use for this demo: running on simgpu, a simulated GPU (results are simulated).")
+        if real:
+            echo("Running on this machine's NVIDIA GPU (GPU 0).")
+        else:
+            echo("No NVIDIA GPU here: running on simgpu, a simulated GPU (results are simulated).")
         echo(f"production: {plan.production.duty * 100:.0f}% GPU duty cycle; opportunistic: GPU-bound; "
              f"{phase_seconds:g} s per phase\n")
-        results = SimDemo(plan, echo, Path(d)).run()
+        results = Demo(plan, echo, Path(d), real).run()
     echo("\n" + table(results))
+    tgs = next(r for r in results if r.name == "TGS")
+    co = next(r for r in results if r.name == "co-execution")
+    excl_prod = results[0].throughput["production"]
+    echo(f"\nWith TGS, production kept {tgs.throughput['production'] / excl_prod:.0%} of its exclusive throughput "
+         f"(co-execution: {co.throughput['production'] / excl_prod:.0%}) while the opportunistic job ran "
+         "in the time production left idle.")
     return results
 
 

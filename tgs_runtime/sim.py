@@ -102,3 +102,13 @@ def busy_between(before: dict, after: dict, device: int = 0) -> dict[str, float]
     """Engine seconds each label got between two snapshots (labels live in both)."""
     a, b = contexts(before, device), contexts(after, device)
     return {label: (b[label]["busy_ns"] - a[label]["busy_ns"]) / 1e9 for label in b if label in a}
+
+
+def real_gpu() -> bool:
+    """An NVIDIA GPU whose driver initialises (then the demo and bench use it, not simgpu)."""
+    if not os.path.exists("/dev/nvidiactl"):
+        return False
+    try:
+        return ctypes.CDLL("libcuda.so.1").cuInit(0) == 0
+    except OSError:
+        return False

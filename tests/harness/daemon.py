@@ -6,27 +6,16 @@ from __future__ import annotations
 
 import json
 import signal
-import subprocess
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 import tomllib
 
-from tgs_runtime.childd import ChildTgsd, merge
+from tgs_runtime.childd import ChildTgsd, ProcessContainer, merge
 from tgs_runtime.control import ControlBlock
 
 
-@dataclass
-class Registration:
-    id: str
-    cls: str
-    dir: Path
-    init: subprocess.Popen
-
-    def env(self, shim: Path) -> dict[str, str]:
-        return {"TGS_DIR": str(self.dir), "LD_PRELOAD": str(shim)}
-
+class Registration(ProcessContainer):
     def counters(self, slot: int = 0) -> dict[str, int]:
         cb = ControlBlock.open(self.dir / "control")
         try:
@@ -48,20 +37,13 @@ class Tgsd(ChildTgsd):
                 "sim": {"enabled": True, "state": str(simgpu.state), "lib_dir": str(simgpu.artifacts.simgpu_dir)},
                 "runtime": {"shim_path": str(simgpu.artifacts.shim), "hook_path": str(simgpu.artifacts.root / "tgs-hook")}}
         super().__init__(merge(base, tomllib.loads(toml)), config or workdir / "config.toml", workdir / "tgsd.log")
-        self.inits: list[subprocess.Popen] = []
-        self._n = 0
 
     def kill9(self) -> None:
         self.stop(signal.SIGKILL)
 
     def register(self, cls: str, gpus: list[str] | None = None, cid: str | None = None) -> Registration:
-        self._n += 1
-        cid = cid or f"{cls[:4]}{self._n}"
-        reply = self.admin.reserve(cid, cls, gpus or ["0"])
-        init = subprocess.Popen(["sleep", "3600"])
-        self.inits.append(init)
-        self.admin.attach(cid, init.pid)
-        return Registration(cid, cls, Path(reply["dir"]), init)
+        c = super().register(cls, gpus, cid)
+        return Registration(c.id, c.cls, c.dir, c.init)
 
     def status(self) -> dict:
         return self.admin.status()
@@ -89,10 +71,3 @@ class Tgsd(ChildTgsd):
                     return e
             time.sleep(0.05)
         raise TimeoutError(f"tgsd logged no {event!r} {match} in {timeout}s")
-
-    def close(self) -> None:
-        for p in self.inits:
-            if p.poll() is None:
-                p.kill()
-                p.wait()
-        super().close()

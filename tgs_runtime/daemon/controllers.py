@@ -12,7 +12,8 @@ splits the total among the GPU's opportunistic containers. Pure logic: no clocks
   production's progress P falls below (1 - tolerance) * S for a second, the rate is cut
   multiplicatively and then ramped back while P holds. Production's own load growing (P
   above S by 10 % for half a second) or falling (cuts that do not bring P back) triggers
-  a new profile. The first violation lowers the in-flight bound to one kernel instead; if cuts
+  a new profile. Production launching nothing for half a second lifts the limit at once,
+  and its return is profiled (it may be a new job). The first violation lowers the in-flight bound to one kernel instead; if cuts
   still do not help soon after a profile, production's present progress is taken as its
   solo progress and the rate goes back to where it was. Decisions every 0.5 s on windows of up to 2 s: it reacts in seconds.
 - `tgs-paper` reproduces the original TGS code's controller for comparison: 5 s samples,
@@ -74,6 +75,15 @@ class Window:
                 o += ob
         return (p / dt, o / dt, dt) if dt > 0 else (0.0, 0.0, 0.0)
 
+    def quiet_s(self) -> float:
+        """Seconds at the end of the window in which production launched nothing."""
+        quiet = 0.0
+        for _t, d, pb, _ob in reversed(self.items):
+            if pb:
+                break
+            quiet += d
+        return quiet
+
 
 class Phase(str, enum.Enum):
     FREE = "free"          # no production on the GPU: opportunistic work takes it all
@@ -91,6 +101,7 @@ class FastController:
     RAMP = 1.4         # multiplicative increase while production holds
     LOAD_CHANGE = 0.10 # production's own load moved by this much: profile again
     ACCEPT_AFTER_PROFILE_S = 15.0  # cuts that do not help this soon after a profile: accept P
+    IDLE_S = 0.5       # production launched nothing this long: it is idle, opportunistic takes all
 
     def __init__(self, cfg: ControlConfig):
         self.cfg = cfg
@@ -108,6 +119,7 @@ class FastController:
         self.profiled_at = float("-inf")
         self.progress = 0.0
         self.inflight = cfg.inflight
+        self.idle = False  # production attached but launching nothing
 
     def _change(self, t: float, phase: Phase | None = None, rate: int | None = None) -> None:
         if phase is not None:
@@ -161,6 +173,18 @@ class FastController:
         # RUN
         if not s.opportunistic:
             self._change(t, Phase.SOLO)
+            return self._budget()
+        if self.window.quiet_s() >= self.IDLE_S - 1e-9:
+            # production is idle (between jobs, evaluating on the CPU): no limit; the gate
+            # and the in-flight bound protect it when it comes back
+            if not self.idle:
+                self.idle = True
+                self.violations = 0
+                self._change(t, rate=UNLIMITED)
+            return self._budget()
+        if self.idle:  # back, perhaps as a new job with a load of its own: measure it
+            self.idle = False
+            self._profile(t)
             return self._budget()
         if t - self.decided_at < self.DECIDE_S or covered < self.MIN_DATA_S:
             return self._budget()

@@ -1,0 +1,133 @@
+"""`tgs bench oversubscription`: production plus opportunistic memory above the budget.
+
+A production job (a third of each iteration busy) and a GPU-bound opportunistic one, each
+holding more than half of the GPU memory they share, with --verify (every kernel's
+touches are checked at the end). Settings, side by side in one run:
+  exclusive       each alone, plain device memory (the reference throughputs)
+  co-execution    both on plain managed memory, no TGS: the driver's LRU decides (thrashing)
+  advice only     TGS with `[memory] orders = false`: allocations become managed memory with
+                  the class's advice, nothing is moved explicitly (the original TGS code's way)
+  TGS             TGS as shipped: tgsd orders opportunistic memory to the host and back
+Figures: throughput of each / its exclusive, pages moved, and whether anything failed.
+Targets: production >= 0.95 with TGS; opportunistic >= 10x co-execution's where
+co-execution thrashes.
+
+On a real GPU only the TGS setting runs, under a tgsd budget far below the card's memory:
+the driver's LRU thrashes only past the card's own memory, which these runs never ask for."""
+from __future__ import annotations
+
+import time
+from dataclasses import replace
+from pathlib import Path
+
+from bench.common import Echo, Outputs, machine, table
+from bench.lab import Job, Lab
+from tgs_runtime.workload import Workload
+
+SIM_MEMORY = "2G"
+
+
+def shapes(real: bool, seconds: float) -> tuple[Workload, Workload]:
+    # each job holds 60 % of the memory: together 120 %
+    param, act = (9000, 3000) if real else (800, 400)  # real: of a 20G budget
+    prod = Workload(kernel_us=500, kernels=4, gap_us=4000, seconds=seconds, param_mb=param, act_mb=act,
+                    verify=True, report_s=0.5)
+    opp = Workload(kernel_us=500, kernels=4, seconds=seconds, param_mb=param, act_mb=act, verify=True,
+                   report_s=0.5)
+    return prod, opp
+
+
+def pair(lab: Lab, prod: Workload, opp: Workload, name: str, containers: tuple[dict | None, dict | None],
+         window: tuple[float, float]) -> dict:
+    """Opportunistic first (it fills the GPU), production a second later, as in a shared cluster."""
+    before = lab.snapshot()
+    o = lab.run(opp, f"{name}-opp", containers[1])
+    time.sleep(1.0)
+    p = lab.run(prod, f"{name}-prod", containers[0])
+    jobs = {"prod": p, "opp": o}
+    out = {}
+    for k, j in jobs.items():
+        rc = j.wait(prod.seconds + 120)
+        s = j.summary
+        out[k] = {"rate": j.rate(*window) if j.reports else 0.0, "rc": rc,
+                  "checksum_ok": None if s is None else s.checksum_ok,
+                  "error": (j.errors or [""])[-1][:300]}
+    after = lab.snapshot()
+    if before is not None and after is not None:
+        from tgs_runtime import sim
+
+        ctx = sim.contexts(after)
+        for k, label in (("prod", f"{name}-prod"), ("opp", f"{name}-opp")):
+            c = ctx.get(label, {})
+            out[k]["pages_in"] = c.get("pages_in")
+            out[k]["pages_out"] = c.get("pages_out")
+    return out
+
+
+def failed(r: dict) -> bool:
+    return r["rc"] != 0 or r["checksum_ok"] is not True
+
+
+def run(echo: Echo = print, quick: bool = False, json_path: Path | None = None) -> dict:
+    seconds = 8.0 if quick else 16.0
+    window = (seconds * 0.3, seconds * 0.95)
+    res: dict = {}
+    lab = Lab(memory=SIM_MEMORY)
+    real = lab.real
+    gpu = lab.gpu_label
+    prod, opp = shapes(real, seconds)
+    with lab:
+        echo(f"oversubscription on {gpu}: exclusive runs")
+        for k, w in (("prod", prod), ("opp", opp)):
+            j = lab.run(w, f"excl-{k}")
+            j.wait(seconds + 120)
+            res.setdefault("exclusive", {})[k] = {"rate": j.rate(*window), "rc": j.proc.returncode,
+                                                  "checksum_ok": j.summary.checksum_ok if j.summary else None}
+        echo(f"  exclusive: production {res['exclusive']['prod']['rate']:.1f} it/s, "
+             f"opportunistic {res['exclusive']['opp']['rate']:.1f} it/s")
+        if not real:
+            res["co-execution"] = pair(lab, replace(prod, managed=True),
+                                       replace(opp, managed=True), "co", (None, None), window)
+            echo(f"  co-execution (plain managed memory): {brief(res['co-execution'])}")
+    settings = [("TGS", {})] if real else [("advice only", {"orders": False}), ("TGS", {})]
+    for name, memory in settings:
+        cfg = {"memory": memory} if memory else {}
+        if real:
+            cfg = {"memory": {"budget": "20G"}}
+        with Lab(memory=SIM_MEMORY, tgsd=cfg) as lab:
+            containers = (lab.container("production"), lab.container("opportunistic"))
+            res[name] = pair(lab, prod, opp, name.split()[0], containers, window)
+            echo(f"  {name}: {brief(res[name])}")
+    ex = res["exclusive"]
+    rows, summary = [], {}
+    for name in [k for k in res if k != "exclusive"]:
+        r = res[name]
+        s = {"production_ratio": round(r["prod"]["rate"] / ex["prod"]["rate"], 3),
+             "opportunistic_ratio": round(r["opp"]["rate"] / ex["opp"]["rate"], 3),
+             "failed": [k for k in ("prod", "opp") if failed(r[k])],
+             "pages_moved": {k: (r[k].get("pages_in") or 0) + (r[k].get("pages_out") or 0) for k in ("prod", "opp")}}
+        summary[name] = s
+        rows.append([name, f"{s['production_ratio']:.3f}", f"{s['opportunistic_ratio']:.3f}",
+                     ", ".join(s["failed"]) or "none", str(s["pages_moved"]["prod"]), str(s["pages_moved"]["opp"])])
+    if "co-execution" in summary and summary["co-execution"]["opportunistic_ratio"] > 0:
+        summary["TGS"]["opportunistic_vs_co_execution"] = round(
+            summary["TGS"]["opportunistic_ratio"] / summary["co-execution"]["opportunistic_ratio"], 1)
+    result = {"benchmark": "oversubscription", "simulated": not real, "machine": machine(gpu), "quick": quick,
+              "memory": "20G tgsd budget" if real else f"{SIM_MEMORY} simulated GPU",
+              "workloads": {"production": prod.args(), "opportunistic": opp.args()}, "raw": res, "summary": summary,
+              "targets": {"TGS": {"production_ratio": 0.95, "opportunistic_vs_co_execution": 10}}}
+    vs = summary["TGS"].get("opportunistic_vs_co_execution")
+    md = (f"### oversubscription: both jobs hold 60 % of {result['memory']} ({gpu}, {result['machine']['date']}, "
+          f"commit {result['machine']['commit']})\n\n"
+          + table(["setting", "production / exclusive", "opportunistic / exclusive", "failed",
+                   "production pages moved", "opportunistic pages moved"], rows)
+          + ("" if vs is None else f"\n\nTGS opportunistic throughput: {vs}x co-execution's.")
+          + "\n\nFailed: non-zero exit or a checksum mismatch (--verify). Pages: 2 MiB, both directions "
+          "(simgpu's accounting; '0' on a real GPU, where they are not counted). "
+          "Targets: production >= 0.95, opportunistic >= 10x co-execution's.")
+    Outputs("oversubscription", json_path).write(result, md, echo)
+    return result
+
+
+def brief(r: dict) -> str:
+    return ", ".join(f"{k} {v['rate']:.1f} it/s{' FAILED' if failed(v) else ''}" for k, v in r.items())

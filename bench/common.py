@@ -68,7 +68,10 @@ class Outputs:
     def dir(self) -> Path:
         return RESULTS / self.name
 
-    def write(self, result: dict, markdown: str, echo: Echo, plots: dict[str, object] | None = None) -> list[Path]:
+    def write(self, result: dict, markdown: str, echo: Echo,
+              plots: dict[str, Callable[[], object]] | None = None) -> list[Path]:
+        """JSON and Markdown first (never lost), then each plot, drawn only now: without
+        matplotlib the plots are skipped with a line that says how to get them."""
         self.dir.mkdir(parents=True, exist_ok=True)
         paths = []
         jp = self.json_path or self.dir / f"{self.name}.json"
@@ -78,11 +81,19 @@ class Outputs:
         md = self.dir / f"{self.name}.md"
         md.write_text(markdown + "\n")
         paths.append(md)
-        for fname, fig in (plots or {}).items():
+        skipped = None
+        for fname, draw in (plots or {}).items():
+            try:
+                fig = draw()
+            except ImportError as e:
+                skipped = f"no plots: {e.name or 'matplotlib'} is not installed (pip install 'tgs-runtime[bench]')"
+                break
             p = self.dir / fname
             fig.savefig(p, dpi=110, bbox_inches="tight")
             paths.append(p)
         echo("\n" + markdown)
+        if skipped:
+            echo("\n" + skipped)
         echo("\nwrote " + ", ".join(str(p) for p in paths))
         return paths
 

@@ -110,7 +110,7 @@ def run(echo: Echo = print, quick: bool = False, json_path: Path | None = None) 
           + table(["controller", "phase", "production back within 3 %", "opportunistic >= 0.8 of idle"], rows)
           + f"\n\nPhases of {phase_s:g} s; throughput judged on a rolling {SPAN:g} s window every {STEP:g} s; "
           "'never' = not settled by the end of the phase; '-' = no production job. Target: <= 5 s.")
-    Outputs("dynamics", json_path).write(result, md, echo, {"dynamics.png": plot(runs, phase_s)})
+    Outputs("dynamics", json_path).write(result, md, echo, {"dynamics.png": lambda: plot(runs, phase_s)})
     return result
 
 

@@ -93,7 +93,7 @@ def run(echo: Echo = print, quick: bool = False, json_path: Path | None = None) 
                    "share of idle time", "GPU busy"], rows)
           + "\n\nProduction: 10 kernels per 20 ms iteration at the duty shown; opportunistic: GPU-bound 1 ms kernels. "
           "Targets for fast: production >= 0.97, share of idle time >= 0.8.")
-    Outputs("isolation", json_path).write(result, md, echo, {"isolation.png": plot(summary)})
+    Outputs("isolation", json_path).write(result, md, echo, {"isolation.png": lambda: plot(summary)})
     return result
 
 

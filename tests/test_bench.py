@@ -1,0 +1,64 @@
+"""bench/: every benchmark `tgs bench` lists exists, and the measuring helpers that turn
+workload reports into figures say what they should. (The benchmarks themselves are long
+experiments: they run from `tgs bench`, not here.)"""
+from __future__ import annotations
+
+import importlib
+import inspect
+import json
+
+import pytest
+
+from bench.common import Outputs
+from bench.dynamics import settle
+from bench.lab import Job
+from tgs_runtime.commands.bench import BENCHMARKS
+from tgs_runtime.workload import Report
+
+
+@pytest.mark.parametrize("name", sorted(BENCHMARKS))
+def test_each_listed_benchmark_has_a_run(name):
+    run = importlib.import_module(f"bench.{name}").run
+    assert list(inspect.signature(run).parameters) == ["echo", "quick", "json_path"]
+
+
+def job_with(points: list[tuple[float, int]]) -> Job:
+    """A job whose reports came at monotonic times t with `iterations` done by then."""
+    job = Job("synthetic", proc=None, started=0.0)
+    for t, its in points:
+        job.reports.append(Report(iterations_per_s=0, iterations=its, kernels=0, elapsed_s=t))
+        job.arrivals.append(t)
+    return job
+
+
+def test_rate_between_interpolates_on_arrival_times():
+    job = job_with([(10.0, 0), (11.0, 50), (12.0, 150)])
+    assert job.rate_between(10.5, 11.5) == pytest.approx(75.0)
+    assert job.rate_between(9.0, 11.0) != job.rate_between(9.0, 11.0)  # before the first report: NaN
+
+
+def test_settle_finds_when_a_rate_comes_back_and_stays():
+    # 50 it/s for the first 3 s, then 100 it/s: settled once the rolling window is all at 100
+    pts, its = [], 0
+    for k in range(41):
+        t = k * 0.25
+        pts.append((t, its))
+        its += (50 if t < 3 else 100) * 0.25
+    job = job_with(pts)
+    s = settle(job, 0.0, 10.0, lambda r: r >= 97)
+    assert s == pytest.approx(4.0, abs=0.3)
+    assert settle(job, 0.0, 10.0, lambda r: r >= 200) is None, "never good: never settled"
+
+
+def test_results_are_written_before_plots_and_kept_without_matplotlib(tmp_path, monkeypatch):
+    monkeypatch.setattr(Outputs, "dir", property(lambda self: tmp_path / self.name))
+    said = []
+
+    def no_matplotlib():
+        raise ImportError("no module", name="matplotlib")
+
+    paths = Outputs("x").write({"a": 1}, "| table |", said.append, {"x.png": no_matplotlib})
+    assert json.loads((tmp_path / "x" / "x.json").read_text()) == {"a": 1}
+    assert (tmp_path / "x" / "x.md").read_text().strip() == "| table |"
+    assert [p.name for p in paths] == ["x.json", "x.md"]
+    assert any("matplotlib is not installed" in s for s in said)

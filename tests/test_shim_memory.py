@@ -64,6 +64,8 @@ def test_vmm_memory_is_charged_and_never_converted(simgpu, container, libshim, c
     c.wait_for(lambda: counters(c)["vmm_bytes"] == 128 * MB, what="the cuMemCreate charge")
     assert counters(c)["footprint_bytes"] == 128 * MB
     assert p.wait() == 0
+    # the process has exited; its last notice may still be on its way through the socket
+    c.wait_for(lambda: len(c.notices) >= 2, timeout=5, what="the free notice")
     kinds = [(m.h.type, m.kind, m.size) for m in c.notices]
     assert kinds == [(proto.MsgType.ALLOC, proto.MemKind.VMM, 128 * MB), (proto.MsgType.FREE, proto.MemKind.VMM, 128 * MB)]
     assert counters(c)["vmm_bytes"] == 0

@@ -12,13 +12,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from bench.common import Echo, Outputs, machine, table
-from bench.lab import Job, Lab
-from tgs_runtime.workload import Workload
+from bench.lab import Job, Lab, opportunistic, production
 
-OPP = dict(kernel_us=1000, kernels=10, report_s=0.25)
 TOLERANCE = 0.03
 IDLE_SHARE = 0.8
 STEP = 0.25   # seconds between evaluations
+REPORT_S = 0.25  # the jobs report this often
 SPAN = 1.0    # the rolling window throughput is judged on
 
 
@@ -29,10 +28,6 @@ class Phase:
 
 
 SCHEDULE = (Phase("25 % duty", 0.25), Phase("75 % duty", 0.75), Phase("idle", None), Phase("50 % duty", 0.5))
-
-
-def production(duty: float, seconds: float) -> Workload:
-    return Workload.with_duty(duty, period_ms=20, kernels=10, seconds=seconds, report_s=0.25, warmup_s=0)
 
 
 def settle(job: Job, start: float, end: float, ok) -> float | None:
@@ -56,11 +51,11 @@ def run(echo: Echo = print, quick: bool = False, json_path: Path | None = None) 
     with Lab() as lab:
         gpu = lab.gpu_label
         echo(f"dynamics on {gpu}: solo throughputs")
-        j = lab.run(Workload(seconds=4, **OPP), "solo-opp")
+        j = lab.run(opportunistic(4, report_s=REPORT_S), "solo-opp")
         j.wait()
         solo["opportunistic"] = j.rate(1, 4)
         for d in sorted({p.duty for p in SCHEDULE if p.duty}):
-            j = lab.run(production(d, 4), f"solo-{d}")
+            j = lab.run(production(d, 4, report_s=REPORT_S, warmup_s=0), f"solo-{d}")
             j.wait()
             solo[str(d)] = j.rate(1, 4)
         echo("  " + ", ".join(f"{k}: {v:.1f} it/s" for k, v in solo.items()))
@@ -69,13 +64,14 @@ def run(echo: Echo = print, quick: bool = False, json_path: Path | None = None) 
         with Lab(tgsd={"control": {"controller": controller}}) as lab:
             prod_c, opp_c = lab.container("production"), lab.container("opportunistic")
             total = phase_s * len(SCHEDULE) + 60  # outlives the schedule; killed at its end
-            opp = lab.run(Workload(seconds=total, **OPP), f"{controller}-opp", opp_c)
+            opp = lab.run(opportunistic(total, report_s=REPORT_S), f"{controller}-opp", opp_c)
             time.sleep(2)
             t0 = time.monotonic()
             phases = []
             for ph in SCHEDULE:
                 start = time.monotonic()
-                job = lab.run(production(ph.duty, phase_s), f"{controller}-{ph.name}", prod_c) if ph.duty else None
+                job = lab.run(production(ph.duty, phase_s, report_s=REPORT_S, warmup_s=0), f"{controller}-{ph.name}",
+                                 prod_c) if ph.duty else None
                 if job:
                     job.wait(phase_s + 60)
                 else:

@@ -14,15 +14,10 @@ import time
 from pathlib import Path
 
 from bench.common import Echo, Outputs, machine, table
-from bench.lab import Lab
-from tgs_runtime.workload import Workload
+from bench.lab import Lab, opportunistic, production
 
 DUTIES = (0.25, 0.5, 0.75)
-OPP = dict(kernel_us=1000, kernels=10, report_s=0.25)
-
-
-def production(duty: float, seconds: float) -> Workload:
-    return Workload.with_duty(duty, period_ms=20, kernels=10, seconds=seconds, report_s=0.25)
+REPORT_S = 0.25
 
 
 def measure(lab: Lab, jobs: dict, t0: float, t1: float) -> dict:
@@ -47,16 +42,16 @@ def run(echo: Echo = print, quick: bool = False, json_path: Path | None = None) 
     with Lab() as lab:
         gpu = lab.gpu_label
         echo(f"isolation on {gpu}: exclusive runs")
-        opp = measure(lab, {"opp": lab.run(Workload(seconds=ex_s, **OPP), "excl-opp")}, ex_s / 4, ex_s)
+        opp = measure(lab, {"opp": lab.run(opportunistic(ex_s, report_s=REPORT_S), "excl-opp")}, ex_s / 4, ex_s)
         results["solo"]["opportunistic"] = opp["rates"]["opp"]
         for d in DUTIES:
-            r = measure(lab, {"prod": lab.run(production(d, ex_s), f"excl-prod-{d}")}, ex_s / 4, ex_s)
+            r = measure(lab, {"prod": lab.run(production(d, ex_s, report_s=REPORT_S), f"excl-prod-{d}")}, ex_s / 4, ex_s)
             results["solo"][str(d)] = {"production": r["rates"]["prod"], "busy_fraction": r["busy_fraction"]}
             echo(f"  production at {d:.0%} duty alone: {r['rates']['prod']:.1f} it/s")
         echo(f"  opportunistic alone: {results['solo']['opportunistic']:.1f} it/s")
         for d in DUTIES:
-            jobs = {"prod": lab.run(production(d, co_s), f"co-prod-{d}"),
-                    "opp": lab.run(Workload(seconds=co_s, **OPP), f"co-opp-{d}")}
+            jobs = {"prod": lab.run(production(d, co_s, report_s=REPORT_S), f"co-prod-{d}"),
+                    "opp": lab.run(opportunistic(co_s, report_s=REPORT_S), f"co-opp-{d}")}
             results["settings"].setdefault("co-execution", {})[str(d)] = measure(lab, jobs, co_s / 4, co_s)
             echo(f"  co-execution at {d:.0%}: {results['settings']['co-execution'][str(d)]['rates']}")
     wanted = os.environ.get("TGS_BENCH_CONTROLLERS", "tgs-paper,fast").split(",")
@@ -66,8 +61,8 @@ def run(echo: Echo = print, quick: bool = False, json_path: Path | None = None) 
         for d in DUTIES:
             with Lab(tgsd={"control": {"controller": controller}}) as lab:
                 prod_c, opp_c = lab.container("production"), lab.container("opportunistic")
-                jobs = {"prod": lab.run(production(d, seconds), f"{name}-prod-{d}", prod_c),
-                        "opp": lab.run(Workload(seconds=seconds, **OPP), f"{name}-opp-{d}", opp_c)}
+                jobs = {"prod": lab.run(production(d, seconds, report_s=REPORT_S), f"{name}-prod-{d}", prod_c),
+                        "opp": lab.run(opportunistic(seconds, report_s=REPORT_S), f"{name}-opp-{d}", opp_c)}
                 results["settings"].setdefault(name, {})[str(d)] = measure(lab, jobs, seconds * warm, seconds)
                 echo(f"  {name} at {d:.0%}: {results['settings'][name][str(d)]['rates']}")
     rows, summary = [], {}

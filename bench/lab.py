@@ -5,6 +5,7 @@ lines are collected as they come, and the engine's own accounting."""
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import tempfile
 import threading
@@ -13,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from tgs_runtime import sim
-from tgs_runtime.childd import ChildTgsd, merge
+from tgs_runtime.childd import ChildTgsd, merge, own_config
 from tgs_runtime.paths import artifacts
 from tgs_runtime.workload import Report, Workload, parse_line
 
@@ -56,10 +57,8 @@ class Job:
     def iterations_at(self, elapsed: float) -> float:
         """Iterations done `elapsed` seconds into the run (interpolated between reports)."""
         pts = [(0.0, 0)] + [(r.elapsed_s, r.iterations) for r in self.reports if not r.summary]
-        for (t0, i0), (t1, i1) in zip(pts, pts[1:]):
-            if t1 >= elapsed:
-                return i0 + (i1 - i0) * (elapsed - t0) / max(t1 - t0, 1e-9)
-        return float(pts[-1][1])
+        at = _interpolate(pts, elapsed)
+        return float(pts[-1][1]) if at is None else at
 
     def rate(self, t0: float, t1: float) -> float:
         """Iterations per second between two moments of the run."""
@@ -67,22 +66,30 @@ class Job:
 
     def rate_between(self, w0: float, w1: float) -> float:
         """Iterations per second between two monotonic wall-clock moments (for jobs whose
-        start-up time varies, such as PyTorch's)."""
+        start-up time varies, such as PyTorch's); NaN outside the reports' span."""
         pts = [(t, r.iterations) for t, r in zip(self.arrivals, self.reports) if not r.summary]
+        a, b = _interpolate(pts, w0), _interpolate(pts, w1)
+        return float("nan") if a is None or b is None else (b - a) / (w1 - w0)
 
-        def at(w: float) -> float:
-            if not pts or w <= pts[0][0]:
-                return float("nan")
-            for (t0, i0), (t1, i1) in zip(pts, pts[1:]):
-                if t1 >= w:
-                    return i0 + (i1 - i0) * (w - t0) / max(t1 - t0, 1e-9)
-            return float("nan")
 
-        return (at(w1) - at(w0)) / (w1 - w0)
+def _interpolate(pts: list[tuple[float, int]], x: float) -> float | None:
+    """y at x on the line through pts (x ascending); None outside their span."""
+    if not pts or not pts[0][0] <= x <= pts[-1][0]:
+        return None
+    for (x0, y0), (x1, y1) in zip(pts, pts[1:]):
+        if x1 >= x:
+            return y0 + (y1 - y0) * (x - x0) / max(x1 - x0, 1e-9)
+    return float(pts[-1][1])
 
-    def series(self) -> list[tuple[float, float]]:
-        """(elapsed, iterations/s) per report."""
-        return [(r.elapsed_s, r.iterations_per_s) for r in self.reports if not r.summary]
+
+def production(duty: float, seconds: float, **kw) -> Workload:
+    """The benchmarks' production job: 10 kernels per 20 ms iteration, busy `duty` of it."""
+    return Workload.with_duty(duty, period_ms=20, kernels=10, seconds=seconds, **kw)
+
+
+def opportunistic(seconds: float, **kw) -> Workload:
+    """The benchmarks' opportunistic job: GPU-bound, 10 kernels of 1 ms per iteration."""
+    return Workload(kernel_us=1000, kernels=10, seconds=seconds, **kw)
 
 
 class Lab:
@@ -90,21 +97,15 @@ class Lab:
 
     def __init__(self, *, memory: str = "8G", tgsd: dict | None = None):
         self.dir = Path(tempfile.mkdtemp(prefix="tgs-lab-"))
-        self.real = sim.real_gpu()
-        self.settings = sim.SimSettings(state=self.dir / "simgpu.state", memory=memory)
+        # None: the real GPU
+        self.settings = None if sim.real_gpu() else sim.SimSettings(state=self.dir / "simgpu.state", memory=memory)
         self.jobs: list[Job] = []
         self.tgsd: ChildTgsd | None = None
-        a = artifacts()
-        if not self.real:
-            subprocess.run([str(a.workload), "--seconds", "0.01", "--param-mb", "0", "--act-mb", "0"],
-                           env=self.settings.env(), capture_output=True, check=True)
+        if self.settings:
+            self.settings.create()
         if tgsd is not None:
-            base = {"daemon": {"log": "json", "log_level": "debug"},
-                    "runtime": {"shim_path": str(a.shim), "hook_path": str(a.root / "tgs-hook")}}
-            if self.real:  # never let unified memory grow near the card's size
-                base["memory"] = {"budget": os.environ.get("TGS_BENCH_BUDGET", "24G")}
-            else:
-                base["sim"] = {"enabled": True, "state": str(self.settings.state), "lib_dir": str(a.simgpu_dir)}
+            base = merge(own_config(self.settings, os.environ.get("TGS_BENCH_BUDGET", "24G")),
+                         {"daemon": {"log": "json", "log_level": "debug"}})
             self.tgsd = ChildTgsd(merge(base, tgsd), self.dir / "tgs.toml", self.dir / "tgsd.log").start()
 
     def __enter__(self) -> "Lab":
@@ -113,21 +114,14 @@ class Lab:
     def __exit__(self, *exc) -> None:
         self.close()
 
-    def env(self, extra: dict | None = None) -> dict[str, str]:
-        env = dict(os.environ) if self.real else self.settings.env()
-        for k in [k for k in env if k.startswith("TGS_")]:
-            del env[k]
-        env.update(extra or {})
-        return env
-
     def container(self, cls: str) -> dict[str, str]:
         """Registers a container with tgsd; the environment its processes run with."""
         assert self.tgsd, "this lab has no tgsd"
-        return {**self.tgsd.register(cls).env(artifacts().shim), "TGS_LOG_LEVEL": "error"}
+        return self.tgsd.register(cls).env(artifacts().shim, log_level="error")
 
     def run(self, w: Workload | list[str], label: str, container: dict | None = None) -> Job:
         """Starts a workload (or any program printing the workload's JSON lines)."""
-        env = self.env({**(container or {}), "SIMGPU_LABEL": label})
+        env = sim.job_env(self.settings, label, container)
         argv = w.argv(artifacts().workload) if isinstance(w, Workload) else w
         proc = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE,
                                 stderr=subprocess.PIPE, text=True)
@@ -138,7 +132,7 @@ class Lab:
         return job
 
     def snapshot(self) -> dict | None:
-        return None if self.real else sim.status(self.settings.state)
+        return sim.status(self.settings.state) if self.settings else None
 
     def busy(self, before: dict | None, after: dict | None) -> dict[str, float]:
         """Engine seconds per label between two snapshots (simgpu's accounting)."""
@@ -148,10 +142,6 @@ class Lab:
         out["(all)"] = (after["devices"][0]["busy_ns"] - before["devices"][0]["busy_ns"]) / 1e9
         return out
 
-    def context(self, label: str) -> dict | None:
-        snap = self.snapshot()
-        return sim.contexts(snap).get(label) if snap else None
-
     def close(self) -> None:
         for j in self.jobs:
             j.kill()
@@ -160,8 +150,12 @@ class Lab:
             keep = os.environ.get("TGS_BENCH_LOGS")  # a folder to keep tgsd's log in
             if keep:
                 Path(keep).mkdir(parents=True, exist_ok=True)
-                subprocess.run(["cp", str(self.dir / "tgsd.log"), str(Path(keep) / f"tgsd-{self.dir.name}.log")])
-        subprocess.run(["rm", "-rf", str(self.dir)])
+                shutil.copy(self.dir / "tgsd.log", Path(keep) / f"tgsd-{self.dir.name}.log")
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+    @property
+    def real(self) -> bool:
+        return self.settings is None
 
     @property
     def gpu_label(self) -> str:

@@ -7,7 +7,6 @@ callgrind beside them (repeatable whatever the machine is doing). Target: <= 100
 from __future__ import annotations
 
 import json
-import os
 import re
 import shutil
 import subprocess
@@ -16,14 +15,14 @@ from pathlib import Path
 
 from bench.common import Echo, Outputs, machine, median, standalone_containers, table
 from tgs_runtime import proto, sim
+from tgs_runtime.daemon.gpus import GpuInventory
 from tgs_runtime.paths import artifacts
 
 MODES = ["without the shim", "shim, no TGS", "production", "opportunistic, unlimited"]
 
 
 def _env(settings: sim.SimSettings | None, mode: str, dirs: dict[str, Path]) -> dict[str, str]:
-    env = settings.env() if settings else {k: v for k, v in os.environ.items() if not k.startswith("TGS_")}
-    env["SIMGPU_LABEL"] = mode
+    env = sim.job_env(settings, mode)
     if mode != "without the shim":
         env["LD_PRELOAD"] = str(artifacts().require(artifacts().shim))
     if mode == "production":
@@ -55,16 +54,12 @@ def run(echo: Echo = print, quick: bool = False, json_path: Path | None = None) 
         real = sim.real_gpu()
         if real:
             settings = None
-            import pynvml
-
-            pynvml.nvmlInit()
-            uuid = pynvml.nvmlDeviceGetUUID(pynvml.nvmlDeviceGetHandleByIndex(0))
-            uuid = uuid.decode() if isinstance(uuid, bytes) else uuid
-            pynvml.nvmlShutdown()
+            gpus = GpuInventory()
+            uuid = gpus.gpus[0].uuid
+            gpus.close()
         else:
             settings = sim.SimSettings(state=Path(d) / "simgpu.state", memory="2G")
-            subprocess.run([str(artifacts().workload), "--seconds", "0.01", "--param-mb", "0", "--act-mb", "0"],
-                           env=settings.env(), capture_output=True, check=True)
+            settings.create()
             uuid = sim.status(settings.state)["devices"][0]["uuid"]
 
         def unlimited(cb):

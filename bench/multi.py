@@ -12,15 +12,10 @@ import time
 from pathlib import Path
 
 from bench.common import Echo, Outputs, machine, table
-from bench.lab import Lab
-from tgs_runtime.workload import Workload
+from bench.lab import Lab, opportunistic, production
 
 JOBS = (("long", 600, 0.0), ("medium", 300, 3.0), ("short", 100, 6.0))  # name, iterations, arrival s
-OPP = dict(kernel_us=1000, kernels=10, seconds=600, report_s=0.5)
-
-
-def production(seconds: float) -> Workload:
-    return Workload.with_duty(0.5, period_ms=20, kernels=10, seconds=seconds, report_s=0.5)
+REPORT_S = 0.5
 
 
 def run(echo: Echo = print, quick: bool = False, json_path: Path | None = None) -> dict:
@@ -29,16 +24,16 @@ def run(echo: Echo = print, quick: bool = False, json_path: Path | None = None) 
     res: dict = {}
     with Lab() as lab:
         gpu = lab.gpu_label
-        j = lab.run(production(5), "solo-prod")
+        j = lab.run(production(0.5, 5, report_s=REPORT_S), "solo-prod")
         j.wait()
         solo = j.rate(1, 5)
-        j = lab.run(Workload(**{**OPP, "seconds": 4}), "solo-opp")
+        j = lab.run(opportunistic(4, report_s=REPORT_S), "solo-opp")
         j.wait()
         solo_opp = j.rate(1, 4)
         echo(f"multi on {gpu}: production alone {solo:.1f} it/s, an opportunistic job alone {solo_opp:.1f} it/s")
     for share in ("fair", "las"):
         with Lab(tgsd={"control": {"share": share}}) as lab:
-            prod = lab.run(production(600), f"{share}-prod", lab.container("production"))
+            prod = lab.run(production(0.5, 600, report_s=REPORT_S), f"{share}-prod", lab.container("production"))
             time.sleep(2)
             t0 = time.monotonic()
             started, ended = {}, {}
@@ -47,7 +42,7 @@ def run(echo: Echo = print, quick: bool = False, json_path: Path | None = None) 
                 now = time.monotonic() - t0
                 while pending and pending[0][2] <= now:
                     name, iters, _ = pending.pop(0)
-                    started[name] = (lab.run(Workload(**OPP, iterations=iters), f"{share}-{name}",
+                    started[name] = (lab.run(opportunistic(600, report_s=REPORT_S, iterations=iters), f"{share}-{name}",
                                              lab.container("opportunistic")), time.monotonic())
                 for name, (job, at) in started.items():
                     if name not in ended and job.proc.poll() is not None:

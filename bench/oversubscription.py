@@ -21,7 +21,8 @@ from dataclasses import replace
 from pathlib import Path
 
 from bench.common import Echo, Outputs, machine, table
-from bench.lab import Job, Lab
+from bench.lab import Lab
+from tgs_runtime import sim
 from tgs_runtime.workload import Workload
 
 SIM_MEMORY = "2G"
@@ -40,7 +41,6 @@ def shapes(real: bool, seconds: float) -> tuple[Workload, Workload]:
 def pair(lab: Lab, prod: Workload, opp: Workload, name: str, containers: tuple[dict | None, dict | None],
          window: tuple[float, float]) -> dict:
     """Opportunistic first (it fills the GPU), production a second later, as in a shared cluster."""
-    before = lab.snapshot()
     o = lab.run(opp, f"{name}-opp", containers[1])
     time.sleep(1.0)
     p = lab.run(prod, f"{name}-prod", containers[0])
@@ -52,10 +52,8 @@ def pair(lab: Lab, prod: Workload, opp: Workload, name: str, containers: tuple[d
         out[k] = {"rate": j.rate(*window) if j.reports else 0.0, "rc": rc,
                   "checksum_ok": None if s is None else s.checksum_ok,
                   "error": (j.errors or [""])[-1][:300]}
-    after = lab.snapshot()
-    if before is not None and after is not None:
-        from tgs_runtime import sim
-
+    after = lab.snapshot()  # simgpu's accounting: none on a real GPU
+    if after is not None:
         ctx = sim.contexts(after)
         for k, label in (("prod", f"{name}-prod"), ("opp", f"{name}-opp")):
             c = ctx.get(label, {})
@@ -89,11 +87,9 @@ def run(echo: Echo = print, quick: bool = False, json_path: Path | None = None) 
             res["co-execution"] = pair(lab, replace(prod, managed=True),
                                        replace(opp, managed=True), "co", (None, None), window)
             echo(f"  co-execution (plain managed memory): {brief(res['co-execution'])}")
-    settings = [("TGS", {})] if real else [("advice only", {"orders": False}), ("TGS", {})]
-    for name, memory in settings:
-        cfg = {"memory": memory} if memory else {}
-        if real:
-            cfg = {"memory": {"budget": "20G"}}
+    settings = ([("TGS", {"memory": {"budget": "20G"}})] if real
+                else [("advice only", {"memory": {"orders": False}}), ("TGS", {})])
+    for name, cfg in settings:
         with Lab(memory=SIM_MEMORY, tgsd=cfg) as lab:
             containers = (lab.container("production"), lab.container("opportunistic"))
             res[name] = pair(lab, prod, opp, name.split()[0], containers, window)

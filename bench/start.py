@@ -6,14 +6,13 @@ an opportunistic TGS container (reserve, spec edits, hooks, tgsd), interleaved r
 run in one session, on a private dockerd. Medians and ratios to runc. Target: <= 1.15x."""
 from __future__ import annotations
 
-import subprocess
 import tempfile
 import time
 from pathlib import Path
 
 from bench.common import Echo, Outputs, machine, median, table
 from tgs_runtime import sim
-from tgs_runtime.childd import ChildTgsd
+from tgs_runtime.childd import ChildTgsd, own_config
 from tgs_runtime.paths import artifacts
 from tgs_runtime.privatedocker import IMAGE, PrivateDocker
 
@@ -31,11 +30,8 @@ def run(echo: Echo = print, quick: bool = False, json_path: Path | None = None) 
     with tempfile.TemporaryDirectory(prefix="tgs-bench-start-") as d:
         work = Path(d)
         settings = sim.SimSettings(state=work / "simgpu.state", memory="2G")
-        subprocess.run([str(a.workload), "--seconds", "0.01", "--param-mb", "0", "--act-mb", "0"],
-                       env=settings.env(), capture_output=True, check=True)
-        tgsd = ChildTgsd({"sim": {"enabled": True, "state": str(settings.state), "lib_dir": str(a.simgpu_dir)},
-                          "runtime": {"shim_path": str(a.shim), "hook_path": str(a.root / "tgs-hook")}},
-                         work / "tgs.toml", work / "tgsd.log").start()
+        settings.create()
+        tgsd = ChildTgsd(own_config(settings), work / "tgs.toml", work / "tgsd.log").start()
         docker = PrivateDocker(work / "docker", a.root / "tgs-runtime", work / "tgs.toml")
         try:
             docker.start()

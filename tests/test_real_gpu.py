@@ -1,25 +1,13 @@
 """The workload against the real driver. Needs an NVIDIA GPU: skipped, saying so, without one."""
 from __future__ import annotations
 
-import ctypes
 import os
 import subprocess
 
 import pytest
 
+from tgs_runtime.sim import real_gpu_reason
 from tgs_runtime.workload import Workload, summary
-
-
-def real_gpu_reason() -> str | None:
-    if not os.path.exists("/dev/nvidiactl"):
-        return "no NVIDIA GPU on this machine (/dev/nvidiactl is missing)"
-    try:
-        lib = ctypes.CDLL("libcuda.so.1")
-    except OSError as e:
-        return f"no NVIDIA driver library: {e}"
-    if lib.cuInit(0) != 0:
-        return "the NVIDIA driver did not initialise"
-    return None
 
 
 @pytest.mark.gpu

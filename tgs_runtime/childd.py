@@ -13,6 +13,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tgs_runtime.admin import AdminClient, DaemonUnavailable
+from tgs_runtime.paths import artifacts
+from tgs_runtime.sim import SimSettings
 
 
 @dataclass
@@ -25,9 +27,26 @@ class ProcessContainer:
     dir: Path
     init: subprocess.Popen
 
-    def env(self, shim: Path) -> dict[str, str]:
-        """What a process of this container runs with (tgs-runtime puts the same in the spec)."""
-        return {"TGS_DIR": str(self.dir), "LD_PRELOAD": str(shim)}
+    def env(self, shim: Path, log_level: str | None = None) -> dict[str, str]:
+        """What a process of this container runs with (tgs-runtime puts the same in the spec);
+        `log_level` sets the shim's TGS_LOG_LEVEL."""
+        env = {"TGS_DIR": str(self.dir), "LD_PRELOAD": str(shim)}
+        if log_level:
+            env["TGS_LOG_LEVEL"] = log_level
+        return env
+
+
+def own_config(settings: SimSettings | None, budget: str = "24G") -> dict:
+    """The config of a tgsd of our own (demo, bench): this checkout's shim and hook; on
+    simgpu with `settings`, else on the real GPU with unified memory capped at `budget`,
+    far below the card's size."""
+    a = artifacts()
+    config = {"runtime": {"shim_path": str(a.require(a.shim)), "hook_path": str(a.root / "tgs-hook")}}
+    if settings:
+        config["sim"] = {"enabled": True, "state": str(settings.state), "lib_dir": str(a.simgpu_dir)}
+    else:
+        config["memory"] = {"budget": budget}
+    return config
 
 
 def merge(base: dict, extra: dict) -> dict:

@@ -12,7 +12,6 @@ plain processes registered as tgs-runtime registers a container's processes.
 """
 from __future__ import annotations
 
-import os
 import selectors
 import subprocess
 import sys
@@ -23,7 +22,7 @@ from pathlib import Path
 from typing import Callable, Sequence
 
 from tgs_runtime import sim
-from tgs_runtime.childd import ChildTgsd, ProcessContainer
+from tgs_runtime.childd import ChildTgsd, ProcessContainer, merge, own_config
 from tgs_runtime.paths import artifacts
 from tgs_runtime.workload import Report, Workload, parse_line
 
@@ -85,22 +84,14 @@ class Demo:
     def __init__(self, plan: DemoPlan, echo: Echo, workdir: Path, real: bool):
         self.plan = plan
         self.echo = echo
-        self.real = real
         self.workdir = workdir
-        self.settings = sim.SimSettings(state=workdir / "simgpu.state", memory="8G")
+        self.settings = None if real else sim.SimSettings(state=workdir / "simgpu.state", memory="8G")
 
     def _env(self, label: str, container: ProcessContainer | None) -> dict[str, str]:
-        env = dict(os.environ) if self.real else self.settings.env()
-        for k in [k for k in env if k.startswith("TGS_")]:
-            del env[k]
-        env["SIMGPU_LABEL"] = label
-        if container:
-            env.update(container.env(artifacts().shim))
-            env["TGS_LOG_LEVEL"] = "error"
-        return env
+        return sim.job_env(self.settings, label, container.env(artifacts().shim, "error") if container else None)
 
     def _busy_ns(self) -> int | None:
-        if self.real or not self.settings.state.exists():
+        if not self.settings or not self.settings.state.exists():
             return None
         return sim.status(self.settings.state)["devices"][0]["busy_ns"]
 
@@ -120,13 +111,7 @@ class Demo:
         return res
 
     def _tgsd(self) -> ChildTgsd:
-        a = artifacts()
-        config = {"daemon": {"log": "json"},
-                  "runtime": {"shim_path": str(a.require(a.shim)), "hook_path": str(a.root / "tgs-hook")}}
-        if self.real:  # unified memory well below any card's size
-            config["memory"] = {"budget": "8G"}
-        else:
-            config["sim"] = {"enabled": True, "state": str(self.settings.state), "lib_dir": str(a.simgpu_dir)}
+        config = merge(own_config(self.settings, budget="8G"), {"daemon": {"log": "json"}})
         return ChildTgsd(config, self.workdir / "tgs.toml", self.workdir / "tgsd.log").start()
 
     def run(self) -> list[PhaseResult]:

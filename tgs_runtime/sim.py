@@ -5,6 +5,7 @@ from __future__ import annotations
 import ctypes
 import json
 import os
+import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Mapping
@@ -52,6 +53,13 @@ class SimSettings:
                 env[key] = str(value)
         env.update(self.extra)
         return env
+
+    def create(self) -> None:
+        """Makes the state file now (one short workload run), so that the simulated card
+        exists before tgsd, NVML or a status reader looks for it."""
+        a = artifacts()
+        subprocess.run([str(a.require(a.workload)), "--seconds", "0.01", "--param-mb", "0", "--act-mb", "0"],
+                       env=self.env(), capture_output=True, check=True)
 
 
 class SimStateError(RuntimeError):
@@ -104,11 +112,31 @@ def busy_between(before: dict, after: dict, device: int = 0) -> dict[str, float]
     return {label: (b[label]["busy_ns"] - a[label]["busy_ns"]) / 1e9 for label in b if label in a}
 
 
-def real_gpu() -> bool:
-    """An NVIDIA GPU whose driver initialises (then the demo and bench use it, not simgpu)."""
+def real_gpu_reason() -> str | None:
+    """Why this machine's NVIDIA GPU cannot be used (None: it can, and the demo and bench
+    use it instead of simgpu)."""
     if not os.path.exists("/dev/nvidiactl"):
-        return False
+        return "no NVIDIA GPU on this machine (/dev/nvidiactl is missing)"
     try:
-        return ctypes.CDLL("libcuda.so.1").cuInit(0) == 0
-    except OSError:
-        return False
+        lib = ctypes.CDLL("libcuda.so.1")
+    except OSError as e:
+        return f"no NVIDIA driver library: {e}"
+    if lib.cuInit(0) != 0:
+        return "the NVIDIA driver did not initialise"
+    return None
+
+
+def real_gpu() -> bool:
+    return real_gpu_reason() is None
+
+
+def job_env(settings: SimSettings | None, label: str, extra: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The environment of one job: on simgpu with `settings`, else on the real GPU; this
+    process's TGS_ variables never leak in (`extra` sets a container's); SIMGPU_LABEL names
+    the job's context in simgpu's accounting."""
+    env = settings.env() if settings else dict(os.environ)
+    for k in [k for k in env if k.startswith("TGS_")]:
+        del env[k]
+    env["SIMGPU_LABEL"] = label
+    env.update(extra or {})
+    return env

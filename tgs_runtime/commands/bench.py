@@ -10,37 +10,27 @@ import click
 from tgs_runtime.paths import REPO_ROOT, MissingArtifact
 
 BENCHMARKS = {
-    "isolation": "production protection and idle time reclaimed at 25/50/75 % duty, four settings",
-    "dynamics": "production load changes mid-run: seconds until each controller settles",
-    "oversubscription": "memory above the budget: driver LRU, advice only, and TGS's eviction",
-    "multi": "one production and three opportunistic jobs: completion times, fair against las",
-    "launch": "what libtgs.so adds to a kernel launch (ns and instructions)",
-    "start": "what the tgs runtime adds to `docker run --rm` (needs root and docker.io)",
+    "isolation": "production protection and idle time reclaimed (the paper's main one)",
+    "dynamics": "production load changes mid-run: seconds until settled",
+    "oversubscription": "memory above the budget: LRU, advice only, TGS eviction",
+    "multi": "1 production + 3 opportunistic jobs: JCTs, fair vs las",
+    "launch": "what libtgs.so adds to a kernel launch",
+    "start": "what the tgs runtime adds to docker run (root, docker.io)",
     "overhead": "launch and start in one table",
-    "pytorch": "ResNet-50 (production) beside a GPT-2-small-sized model (opportunistic) (needs a GPU and torch)",
+    "pytorch": "ResNet-50 beside a GPT-2-small-sized model (GPU + torch)",
 }
 
+HELP = ("Run benchmark NAME side by side in one run, and write JSON, a Markdown table and plots.\n\n\b\n"
+        + "\n".join(f"{name:<17}{what}" for name, what in BENCHMARKS.items())
+        + "\n\nOn a machine with an NVIDIA GPU the GPU benchmarks use it, else simgpu.")
 
-@click.command("bench")
+
+@click.command("bench", help=HELP)
 @click.argument("name", type=click.Choice(sorted(BENCHMARKS)))
 @click.option("--json", "json_path", type=click.Path(dir_okay=False, path_type=Path),
               help="Write the JSON result here (default bench/results/NAME/NAME.json).")
 @click.option("--quick", is_flag=True, help="A short run, to check that it works; not for figures.")
 def bench_cmd(name: str, json_path: Path | None, quick: bool) -> None:
-    """Run benchmark NAME side by side in one run, and write JSON, a Markdown table and plots.
-
-    \b
-    isolation        production protection and idle time reclaimed (the paper's main one)
-    dynamics         production load changes mid-run: seconds until settled
-    oversubscription memory above the budget: LRU, advice only, TGS eviction
-    multi            1 production + 3 opportunistic jobs: JCTs, fair vs las
-    launch           what libtgs.so adds to a kernel launch
-    start            what the tgs runtime adds to docker run (root, docker.io)
-    overhead         launch and start in one table
-    pytorch          ResNet-50 beside a GPT-2-small-sized model (GPU + torch)
-
-    On a machine with an NVIDIA GPU the GPU benchmarks use it, else simgpu.
-    """
     if not (REPO_ROOT / "bench" / "__init__.py").exists():
         raise click.ClickException(f"the benchmarks live in a source checkout's bench/ ({REPO_ROOT / 'bench'} is missing)")
     if str(REPO_ROOT) not in sys.path:

@@ -13,9 +13,10 @@ splits the total among the GPU's opportunistic containers. Pure logic: no clocks
   multiplicatively and then ramped back while P holds. Production's own load growing (P
   above S by 10 % for half a second) or falling (cuts that do not bring P back) triggers
   a new profile. Production launching nothing for half a second lifts the limit at once,
-  and its return is profiled (it may be a new job). The first violation lowers the in-flight bound to one kernel instead; if cuts
-  still do not help soon after a profile, production's present progress is taken as its
-  solo progress and the rate goes back to where it was. Decisions every 0.5 s on windows of up to 2 s: it reacts in seconds.
+  and its return is profiled (it may be a new job). The first violation lowers the
+  in-flight bound to one kernel instead; if cuts still do not help soon after a profile,
+  production's present progress is taken as its solo progress and the rate goes back to
+  where it was. Decisions every 0.5 s on windows of up to 2 s: it reacts in seconds.
 - `tgs-paper` reproduces the original TGS code's controller for comparison: 5 s samples,
   a profile sample with the opportunistic job paused, slow start (x1.5 per sample), then
   additive increase, 8 % decrease when production falls more than 3 % below its solo

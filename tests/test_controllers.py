@@ -147,6 +147,36 @@ def test_las_without_production_still_divides():
     assert rates["b"] > rates["a"] != UNLIMITED
 
 
+def test_las_behind_production_gate_keeps_the_gpu_busy_for_minutes():
+    """Behind production's gate (50 % duty) each container gets only half of what it is
+    given. That must not shrink what LAS hands out: before, the total was guessed from use
+    and decayed to about 2 % of the GPU within minutes, and the jobs crawled."""
+    gpu = 50_000.0  # opportunistic blocks/s the GPU takes while production is idle
+    st = ShareState()
+    ids = [("long", 9_000_000), ("medium", 3_000_000), ("short", 0)]
+    budget = {cid: UNLIMITED for cid, _ in ids}
+    for _ in range(6000):  # ten minutes of 100 ms periods
+        free = [cid for cid, _ in ids if budget[cid] == UNLIMITED]
+        capped = {cid: min(budget[cid], gpu) for cid, _ in ids if budget[cid] != UNLIMITED}
+        each = (gpu - sum(capped.values())) / max(len(free), 1)
+        achieved = {cid: 0.5 * (each if cid in free else capped[cid]) for cid, _ in ids}
+        budget = split(Share.LAS, UNLIMITED, claimants(*[(cid, att, achieved[cid], budget[cid]) for cid, att in ids]),
+                       st, 0.05)
+    assert budget["short"] == UNLIMITED, "the least attained job runs unlimited"
+    assert all(0.02 * gpu <= budget[c] <= 0.05 * gpu for c in ("long", "medium")), budget
+
+
+def test_las_hands_the_gpu_on_when_the_leader_leaves_it_unused():
+    st = ShareState()
+    spec = [("cpu-bound", 0, 50_000, UNLIMITED), ("gpu-bound", 10**6, 2_000, 2_500)]
+    rates = split(Share.LAS, UNLIMITED, claimants(*spec), st, 0.05)
+    assert rates == {"cpu-bound": UNLIMITED, "gpu-bound": 2_600}
+    for _ in range(12):  # the leader now uses a fifth of what the GPU takes, for over a second
+        rates = split(Share.LAS, UNLIMITED, claimants(("cpu-bound", 0, 10_000, rates["cpu-bound"]),
+                                                      ("gpu-bound", 10**6, 2_500, rates["gpu-bound"])), st, 0.05)
+    assert rates == {"cpu-bound": UNLIMITED, "gpu-bound": UNLIMITED}
+
+
 def test_tgs_paper_serves_one_job():
     rates = split(Share.FAIR, 1000, claimants(("a", 0, 0, 0), ("b", 0, 0, 0)), ShareState(), 0.05, one_only=True)
     assert rates == {"a": 1000, "b": 0}

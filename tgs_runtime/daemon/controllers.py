@@ -317,15 +317,18 @@ class ShareState:
     las_leader: str | None = None
     underuse: dict[str, int] = field(default_factory=dict)  # periods in a row a container used < half its budget
     peak: float = 0.0        # the most opportunistic work the GPU has been seen to take, blocks/s
-    last_total: float = 0.0
 
 
 UNDERUSE_PERIODS = 10  # a container is known to need less after this many periods (about a second)
+PEAK_DECAY = 0.999     # per period: what the GPU took long ago counts for less
 
 
 def _observe(state: ShareState, claimants: list[Claimant]) -> None:
+    """Counts the periods each container has used less than half of what it was given (an
+    unlimited budget counts as all the GPU has been seen to take)."""
     for c in claimants:
-        low = c.budget not in (0, UNLIMITED) and c.achieved < 0.5 * c.budget
+        given = state.peak if c.budget == UNLIMITED else c.budget
+        low = given > 0 and c.achieved < 0.5 * given
         state.underuse[c.id] = state.underuse.get(c.id, 0) + 1 if low else 0
     for gone in set(state.underuse) - {c.id for c in claimants}:
         del state.underuse[gone]
@@ -375,38 +378,51 @@ def split(policy: Share, total: int, claimants: list[Claimant], state: ShareStat
         return {c.id: 0 for c in claimants}
     if len(claimants) == 1:
         return {claimants[0].id: total}
+    state.peak = max(state.peak * PEAK_DECAY, sum(c.achieved for c in claimants))
     _observe(state, claimants)
     demand = _demand_of(state)
-    if total == UNLIMITED:
-        if policy == Share.FAIR:
-            return {c.id: UNLIMITED for c in claimants}
-        # LAS needs a finite total to divide: what the GPU has been seen to take, growing
-        # while the containers use all of it
-        used = sum(c.achieved for c in claimants)
-        state.peak = max(state.peak * 0.999, used)
-        if state.peak <= 0:
-            return {c.id: UNLIMITED for c in claimants}
-        grow = state.last_total * 1.5 if used >= 0.7 * state.last_total else 0.0
-        total = int(max(used * 1.25, state.peak, grow)) + 1
-        state.last_total = total
     if policy == Share.FAIR:
+        if total == UNLIMITED:
+            return {c.id: UNLIMITED for c in claimants}
         rates = _water_fill(float(total), claimants, {c.id: 0.0 for c in claimants}, demand)
-    else:
-        ranked = sorted(claimants, key=lambda c: c.attained)
-        leader = ranked[0]
-        if state.las_leader in {c.id for c in claimants}:
-            current = next(c for c in claimants if c.id == state.las_leader)
-            if leader.attained >= 0.98 * current.attained:  # hysteresis: no flapping on near-ties
-                leader = current
-        state.las_leader = leader.id
-        floor = {c.id: min_share * total for c in claimants}
-        rates = dict(floor)
-        left = total - sum(floor.values())
-        order = [leader] + [c for c in ranked if c is not leader]
-        for c in order:
-            give = min(left, max(demand(c) - rates[c.id], 0.0))
-            rates[c.id] += give
-            left -= give
-        if left > 0:
-            rates[leader.id] += left
+        return {k: max(int(v), 1) for k, v in rates.items()}
+    order = _las_order(state, claimants)
+    if total == UNLIMITED:
+        return _las_unlimited(order, state.peak, min_share, demand)
+    floor = {c.id: min_share * total for c in claimants}
+    rates = dict(floor)
+    left = total - sum(floor.values())
+    for c in order:
+        give = min(left, max(demand(c) - rates[c.id], 0.0))
+        rates[c.id] += give
+        left -= give
+    if left > 0:
+        rates[order[0].id] += left
     return {k: max(int(v), 1) for k, v in rates.items()}
+
+
+def _las_order(state: ShareState, claimants: list[Claimant]) -> list[Claimant]:
+    """Least attained service first; the leader keeps its place on near-ties (no flapping)."""
+    ranked = sorted(claimants, key=lambda c: c.attained)
+    leader = ranked[0]
+    current = next((c for c in claimants if c.id == state.las_leader), None)
+    if current is not None and leader.attained >= 0.98 * current.attained:
+        leader = current
+    state.las_leader = leader.id
+    return [leader] + [c for c in ranked if c is not leader]
+
+
+def _las_unlimited(order: list[Claimant], seen: float, min_share: float, demand) -> dict[str, int]:
+    """LAS while the GPU's opportunistic rate is unlimited: the leader runs unlimited, and so
+    does each next one while those before it are known to leave part of the GPU unused; the
+    rest get `min_share` of what the GPU has been seen to take. No finite total is guessed
+    for the leader: a guess taken from use shrinks whenever use falls short of it (behind
+    production's gate, for one), and the jobs then crawl."""
+    if seen <= 0:
+        return {c.id: UNLIMITED for c in order}
+    floor = max(int(min_share * seen), 1)
+    out, room = {}, seen
+    for c in order:
+        out[c.id] = UNLIMITED if room > 0 else floor
+        room -= demand(c)
+    return out

@@ -88,6 +88,36 @@ def test_create_of_a_tgs_container_reserves_and_edits(rt):
     assert out.returncode == 0 and d.container(CONTAINER_ID) is None
 
 
+def test_tgsd_sets_containers_up_without_python_on_the_create_path(rt, tmp_path, libshim):
+    """The launcher has tgsd decide and edit; the Python part is not needed then (nor run)."""
+    run, d, bundle = rt
+    alone = tmp_path / "alone"
+    alone.mkdir()
+    launcher = alone / "tgs-runtime"
+    launcher.write_bytes((libshim.root / "tgs-runtime").read_bytes())
+    launcher.chmod(0o755)
+    _set_env(bundle, "TGS_CLASS=production", "NVIDIA_VISIBLE_DEVICES=0")
+    p = subprocess.run([str(launcher), "--tgs-config", str(d.config), "create", "-b", str(bundle), CONTAINER_ID],
+                       capture_output=True, text=True, timeout=60, cwd=tmp_path)
+    assert p.returncode == 0, p.stderr
+    assert d.container(CONTAINER_ID)["class"] == "production"
+    assert "/run/tgs" in [m["destination"] for m in json.loads((bundle / "config.json").read_text())["mounts"]]
+
+
+def test_with_tgsd_down_tgs_containers_fail_and_others_start(rt):
+    run, d, bundle = rt
+    d.stop()
+    _set_env(bundle, "TGS_CLASS=opportunistic", "NVIDIA_VISIBLE_DEVICES=0")
+    p = run("create", "--bundle", str(bundle), CONTAINER_ID)
+    assert p.returncode == 1 and p.lower_args is None
+    assert "cannot set up TGS for this opportunistic container: tgsd is not running" in p.stderr
+    # the launcher's look matches (TGS_CLASS is mentioned), but the container does not ask for TGS
+    before = _set_env(bundle, "NVIDIA_VISIBLE_DEVICES=0", "NOTE=TGS_CLASS=opportunistic is not set here")
+    p = run("create", "--bundle", str(bundle), CONTAINER_ID)
+    assert p.returncode == 0 and p.lower_args[-1] == CONTAINER_ID
+    assert (bundle / "config.json").read_text() == before
+
+
 @pytest.mark.parametrize("env,message", [
     (("TGS_CLASS=bogus", "NVIDIA_VISIBLE_DEVICES=0"), "TGS_CLASS='bogus': expected production or opportunistic"),
     (("TGS_CLASS=production", "NVIDIA_VISIBLE_DEVICES=5"), "GPU 5: this host has 1 GPU(s)"),
@@ -143,11 +173,12 @@ def test_the_hook_refuses_garbage(libshim, tgsd, stdin):
 def test_the_hook_with_tgsd_down(libshim, tgsd):
     d = tgsd()
     d.stop()
-    state = json.dumps({"id": "x", "pid": 1})
+    # nested members named like the state's own do not count
+    state = json.dumps({"annotations": {"id": "nested", "pid": "x"}, "id": "c\u00e9-1", "pid": 1})
     hook = str(libshim.root / "tgs-hook")
     create = subprocess.run([hook, "--tgs-config", str(d.config), "createRuntime"], input=state,
                             capture_output=True, text=True, timeout=30)
-    assert create.returncode == 1 and "tgsd is not running" in create.stderr
+    assert create.returncode == 1 and "createRuntime of container c\u00e9-1: tgsd is not running" in create.stderr
     stop = subprocess.run([hook, "--tgs-config", str(d.config), "poststop"], input=state, capture_output=True,
                           text=True, timeout=30)
     assert stop.returncode == 0

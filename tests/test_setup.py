@@ -33,7 +33,8 @@ def test_setup_docker_installs_and_keeps_every_other_key(prefix):
               "usr/bin/tgsd", "etc/tgs/config.toml", "etc/systemd/system/tgsd.service"):
         assert (prefix / f).exists(), f
     assert os.access(prefix / "usr/bin/tgs-hook", os.X_OK)
-    assert (prefix / "usr/bin/tgs-hook").read_text().startswith(f"#!{sys.executable} -IS")
+    assert (prefix / "usr/bin/tgs-hook").read_bytes().startswith(b"\x7fELF"), "the C hook"
+    assert (prefix / "usr/bin/tgs-runtime-create").read_text().startswith(f"#!{sys.executable} -IS")
     backups = list((prefix / "etc/docker").glob("daemon.json.tgs-backup-*"))
     assert len(backups) == 1 and "tgs" not in backups[0].read_text()
     assert "SIGHUP" in out.stdout

@@ -204,6 +204,12 @@ def test_bad_requests_are_refused_with_a_reason(simgpu, tgsd):
         d.admin.attach("ghost", os.getpid())
     with pytest.raises(Refused, match="unknown operation"):
         d.admin.call("explode")
+    with pytest.raises(Refused, match="bundle 'b': expected an absolute path"):
+        d.admin.call("create", id="a", bundle="b", config=str(d.config))
+    with pytest.raises(Refused, match="bad TGS config: /nowhere.toml: no such config file"):
+        d.admin.call("create", id="a", bundle="/b", config="/nowhere.toml", named=True)
+    with pytest.raises(Refused, match="no config.json"):
+        d.admin.call("create", id="a", bundle="/nowhere", config=str(d.config), named=True)
     d.admin.reserve("twice", "production", ["0"])
     d.admin.reserve("twice", "production", ["0"])  # the same again is fine
     with pytest.raises(Refused, match="already registered"):

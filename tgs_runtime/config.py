@@ -263,10 +263,12 @@ def from_dict(data: dict, path: Path | None = None) -> Config:
     return cfg
 
 
-def load(path: Path | str | None = None) -> Config:
+def load(path: Path | str | None = None, named: bool | None = None) -> Config:
     """The config at `path`, else $TGS_CONFIG, else /etc/tgs/config.toml; defaults if that
-    default file does not exist (a named file must)."""
-    named = path is not None or bool(os.environ.get("TGS_CONFIG"))
+    default file does not exist (a named file must; `named` says whether `path` was named,
+    for a caller that resolved the default itself)."""
+    if named is None:
+        named = path is not None or bool(os.environ.get("TGS_CONFIG"))
     p = Path(path) if path is not None else Path(os.environ.get("TGS_CONFIG") or DEFAULT_PATH)
     try:
         raw = p.read_bytes()

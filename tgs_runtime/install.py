@@ -62,9 +62,9 @@ def _script(module: str, func: str = "main") -> str:
 
 
 def fast_script(module: str, func: str = "main") -> str:
-    """A launcher that skips site initialisation (-S): tgs-runtime-create and tgs-hook run at
-    every container start and need only the standard library and this package, found at
-    the path it is installed in now."""
+    """A launcher that skips site initialisation (-S): tgs-runtime-create may run on a
+    container's create path and needs only the standard library and this package, found
+    at the path it is installed in now."""
     import tgs_runtime
 
     where = Path(tgs_runtime.__file__).resolve().parent.parent
@@ -87,13 +87,13 @@ class Action:
 
 def file_actions(layout: Layout) -> list[Action]:
     a = artifacts()
-    for f in (a.shim, a.root / "tgs-runtime"):
+    for f in (a.shim, a.root / "tgs-runtime", a.root / "tgs-hook"):
         a.require(f)
     return [
         Action(layout.at(layout.shim), a.shim, None, 0o755),
         Action(layout.at(layout.runtime), a.root / "tgs-runtime", None, 0o755),
         Action(layout.at(layout.runtime_create), None, fast_script("tgs_runtime.runtime.main"), 0o755),
-        Action(layout.at(layout.hook), None, fast_script("tgs_runtime.hook"), 0o755),
+        Action(layout.at(layout.hook), a.root / "tgs-hook", None, 0o755),
         Action(layout.at(layout.tgsd), None, _script("tgs_runtime.daemon.main"), 0o755),
         Action(layout.at(CONFIG), REPO_ROOT / "daemon" / "config.toml", None, 0o644, keep_existing=True),
         Action(layout.at(layout.unit), REPO_ROOT / "daemon" / "tgsd.service", None, 0o644),

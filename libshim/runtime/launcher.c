@@ -5,10 +5,13 @@
  * launcher keeps everything else an exec: it strips `--tgs-config PATH`, picks the lower
  * runtime from the config file's [runtime] lower_runtime, and execs it with the same
  * arguments. For `create`/`run` it looks at the bundle's config.json: when it mentions
- * TGS_CLASS, the tgs.class annotation, or (with a [runtime] default_class) a GPU, it
- * execs tgs-runtime-create (the Python part, next to this binary), which decides
- * exactly, sets TGS up and execs the lower runtime itself. That look is only a filter:
- * the Python part makes the real decision.
+ * TGS_CLASS, the tgs.class annotation, or (with a [runtime] default_class) a GPU, it asks
+ * tgsd (admin operation `create`) to decide exactly and, for a container that asks for
+ * TGS, to reserve it and edit its spec; then it execs the lower runtime, or reports
+ * tgsd's refusal. That look is only a filter: tgsd makes the real decision. When tgsd
+ * cannot be asked, it execs tgs-runtime-create (the Python part, next to this binary),
+ * which decides the same way and says clearly why a TGS container cannot start, while
+ * anything else still starts.
  *
  * It never writes to stdout, and a failure to exec is reported on stderr and, as runc
  * does, as a JSON line in the --log file the containerd shim reads. */
@@ -23,56 +26,9 @@
 #include <time.h>
 #include <unistd.h>
 
-#define DEFAULT_CONFIG "/etc/tgs/config.toml"
+#include "rt.h"
+
 #define DEFAULT_PATH "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
-
-static char *read_file(const char *path, size_t max, size_t *len) {
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0)
-        return NULL;
-    char *buf = malloc(max + 1);
-    size_t n = 0;
-    ssize_t r;
-    while (buf && n < max && (r = read(fd, buf + n, max - n)) > 0)
-        n += (size_t)r;
-    close(fd);
-    if (buf) {
-        buf[n] = 0;
-        if (len)
-            *len = n;
-    }
-    return buf;
-}
-
-/* The first string of `key` in [runtime] (a string or a list of strings), into out. */
-static int runtime_key(const char *toml, const char *key, char *out, size_t cap) {
-    int in_runtime = 0;
-    size_t klen = strlen(key);
-    for (const char *line = toml; line && *line; line = strchr(line, '\n') ? strchr(line, '\n') + 1 : NULL) {
-        while (*line == ' ' || *line == '\t')
-            line++;
-        if (*line == '[') {
-            in_runtime = !strncmp(line, "[runtime]", 9);
-            continue;
-        }
-        if (!in_runtime || strncmp(line, key, klen) || (line[klen] != ' ' && line[klen] != '=' && line[klen] != '\t'))
-            continue;
-        const char *q = strchr(line, '=');
-        const char *eol = strchr(line, '\n');
-        if (!q || (eol && q > eol))
-            return 0;
-        const char *s = strchr(q, '"');
-        if (!s || (eol && s > eol))
-            return 0;
-        const char *e = strchr(s + 1, '"');
-        if (!e || (eol && e > eol) || (size_t)(e - s - 1) >= cap)
-            return 0;
-        memcpy(out, s + 1, (size_t)(e - s - 1));
-        out[e - s - 1] = 0;
-        return 1;
-    }
-    return 0;
-}
 
 static int find_in_path(const char *name, char *out, size_t cap) {
     if (strchr(name, '/')) {
@@ -126,6 +82,44 @@ static void report(const char *msg) {
     close(fd);
 }
 
+static int create_takes_value(const char *opt) {
+    static const char *with_value[] = {"--console-socket", "--pid-file", "--preserve-fds", NULL};
+    for (int i = 0; with_value[i]; i++)
+        if (!strcmp(opt, with_value[i]))
+            return 1;
+    return 0;
+}
+
+/* Has tgsd set the container up: 1 done (or nothing to do), 0 tgsd cannot be asked
+ * (the Python part decides then); on a refusal, reports it and exits 1. */
+static int tgsd_create(const char *state_dir, const char *id, const char *bundle, const char *config, int named) {
+    char cwd[PATH_MAX], path[2][2 * PATH_MAX + 2], esc[3][2 * PATH_MAX], request[8 * PATH_MAX], msg[4096];
+    if (!getcwd(cwd, sizeof cwd))
+        return 0;
+    const char *given[2] = {bundle ? bundle : ".", config};
+    for (int i = 0; i < 2; i++) {
+        if (!realpath(given[i], path[i]))
+            snprintf(path[i], sizeof path[i], "%s%s%s", given[i][0] == '/' ? "" : cwd, given[i][0] == '/' ? "" : "/",
+                     given[i]);
+        if (!rt_json_escape(path[i], esc[i], sizeof esc[i]))
+            return 0;
+    }
+    if (!rt_json_escape(id ? id : "", esc[2], sizeof esc[2]))
+        return 0;
+    snprintf(request, sizeof request,
+             "{\"op\": \"create\", \"id\": %s%s%s, \"bundle\": \"%s\", \"config\": \"%s\", \"named\": %s}",
+             id ? "\"" : "", id ? esc[2] : "null", id ? "\"" : "", esc[0], esc[1], named ? "true" : "false");
+    switch (rt_admin_call(state_dir, request, 60, msg, sizeof msg)) {
+    case RT_ADMIN_OK:
+        return 1;
+    case RT_ADMIN_REFUSED:
+        report(msg);
+        exit(1);
+    default:
+        return 0;
+    }
+}
+
 static int takes_value(const char *opt) {
     static const char *with_value[] = {"--root", "--log", "--log-format", "--criu", "--rootless", "--tgs-config", NULL};
     for (int i = 0; with_value[i]; i++)
@@ -135,7 +129,7 @@ static int takes_value(const char *opt) {
 }
 
 int main(int argc, char **argv) {
-    const char *tgs_config = NULL, *bundle = NULL;
+    const char *tgs_config = NULL, *bundle = NULL, *container_id = NULL;
     char **out = calloc((size_t)argc + 1, sizeof *out);
     int n = 1, sub = -1;
     for (int i = 1; i < argc; i++) {
@@ -162,29 +156,38 @@ int main(int argc, char **argv) {
         }
         if (sub < 0)
             sub = i;
-        else if ((!strcmp(a, "--bundle") || !strcmp(a, "-b")) && i + 1 < argc)
+        else if ((!strcmp(a, "--bundle") || !strcmp(a, "-b")) && i + 1 < argc) {
             bundle = argv[i + 1];
-        else if (!strncmp(a, "--bundle=", 9))
-            bundle = a + 9;
+            out[n++] = argv[i++];
+        } else if (!strncmp(a, "--bundle=", 9) || !strncmp(a, "-b=", 3))
+            bundle = strchr(a, '=') + 1;
+        else if (create_takes_value(a) && i + 1 < argc)
+            out[n++] = argv[i++];
+        else if (a[0] != '-')
+            container_id = a;
         out[n++] = argv[i];
     }
     if (!tgs_config)
         tgs_config = getenv("TGS_CONFIG");
+    int named = tgs_config && *tgs_config;
     if (!tgs_config || !*tgs_config)
-        tgs_config = DEFAULT_CONFIG;
-    char *toml = read_file(tgs_config, 1 << 20, NULL);
-    char lower_name[PATH_MAX] = "runc", default_class[32] = "", lower[PATH_MAX];
+        tgs_config = RT_DEFAULT_CONFIG;
+    char *toml = rt_read_file(tgs_config, 1 << 20, NULL);
+    char lower_name[PATH_MAX] = "runc", default_class[32] = "", lower[PATH_MAX], state_dir[PATH_MAX] = RT_DEFAULT_STATE_DIR;
     if (toml) {
-        runtime_key(toml, "lower_runtime", lower_name, sizeof lower_name);
-        runtime_key(toml, "default_class", default_class, sizeof default_class);
+        rt_config_key(toml, "runtime", "lower_runtime", lower_name, sizeof lower_name);
+        rt_config_key(toml, "runtime", "default_class", default_class, sizeof default_class);
+        rt_config_key(toml, "daemon", "state_dir", state_dir, sizeof state_dir);
     }
     if (sub > 0 && (!strcmp(argv[sub], "create") || !strcmp(argv[sub], "run"))) {
         char spec_path[PATH_MAX];
         snprintf(spec_path, sizeof spec_path, "%s/config.json", bundle ? bundle : ".");
-        char *spec = read_file(spec_path, 16 << 20, NULL);
+        char *spec = rt_read_file(spec_path, 16 << 20, NULL);
         int wanted = spec && (strstr(spec, "TGS_CLASS=") || strstr(spec, "\"tgs.class\"") ||
                               (default_class[0] && strstr(spec, "NVIDIA_VISIBLE_DEVICES=")));
         free(spec);
+        if ((wanted || !spec) && tgsd_create(state_dir, container_id, bundle, tgs_config, named))
+            goto lower_runtime;
         if (wanted || !spec) { /* no readable config.json: let the Python part say so clearly */
             char self[PATH_MAX], create[PATH_MAX];
             ssize_t len = readlink("/proc/self/exe", self, sizeof self - 1);

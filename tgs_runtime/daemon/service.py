@@ -24,6 +24,7 @@ from tgs_runtime.daemon import residency
 from tgs_runtime.daemon.controllers import UNLIMITED, Claimant, Sample, ShareState, make_controller, split
 from tgs_runtime.daemon.gpus import Gpu, GpuError, GpuInventory
 from tgs_runtime.daemon.registry import Container, Phase, Process, load_registration, process_start_time
+from tgs_runtime.runtime import create as createmod
 from tgs_runtime.logs import get as get_logger
 
 ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
@@ -277,6 +278,8 @@ class Daemon:
 
     async def _admin_op(self, req: dict) -> dict:
         op = req.get("op")
+        if op == "create":
+            return await self.create(req)
         if op == "reserve":
             return await self.reserve(req)
         if op == "attach":
@@ -285,13 +288,42 @@ class Daemon:
             return self.deregister(req)
         if op == "status":
             return self.status()
-        raise RequestError(f"unknown operation {op!r} (expected reserve, attach, deregister or status)")
+        raise RequestError(f"unknown operation {op!r} (expected create, reserve, attach, deregister or status)")
 
     def _container_id(self, req: dict) -> str:
         cid = req.get("id")
         if not isinstance(cid, str) or not ID_RE.match(cid):
             raise RequestError(f"container id {cid!r}: expected 1 to 128 letters, digits, '.', '_' or '-'")
         return cid
+
+    async def create(self, req: dict) -> dict:
+        """tgs-runtime's create, sent by its launcher: set up the container in `bundle` if
+        it asks for TGS (runtime/create.py), under the runtime's own config file."""
+        bundle, path = req.get("bundle"), req.get("config")
+        if not isinstance(bundle, str) or not os.path.isabs(bundle):
+            raise RequestError(f"bundle {bundle!r}: expected an absolute path")
+        if not isinstance(path, str) or not os.path.isabs(path):
+            raise RequestError(f"config {path!r}: expected an absolute path")
+        try:
+            cfg = configmod.load(path, named=bool(req.get("named")))
+        except ConfigError as e:
+            raise RequestError(f"bad TGS config: {e}") from None
+
+        async def reserve(cid: str, cls: str, gpus: list[str]) -> dict:
+            try:
+                return await self.reserve({"id": cid, "class": cls, "gpus": gpus})
+            except RequestError as e:
+                raise createmod.ReserveFailed(str(e), refused=True) from None
+
+        async def release(cid: str) -> None:
+            if cid in self.containers:
+                self.release(self.containers[cid], "its create failed")
+
+        try:
+            cls = await createmod.set_up(req.get("id"), Path(bundle), cfg, reserve, release)
+        except createmod.Failure as e:
+            raise RequestError(str(e)) from None
+        return {"tgs": cls is not None, "class": cls}
 
     async def reserve(self, req: dict) -> dict:
         cid = self._container_id(req)

@@ -1,6 +1,8 @@
-"""tgs-runtime's Python part: for `create` (and `run`) of a container that asks for TGS,
-reserve it with tgsd, edit its spec, and exec the lower runtime; anything else is
-exec'd through. Errors go where docker shows them (stderr and the --log file)."""
+"""tgs-runtime-create: tgs-runtime's Python part, for `create` (and `run`) of a container
+that may ask for TGS when tgsd could not be reached by the launcher (which otherwise has
+tgsd set the container up; see create.py). It decides exactly: a container that asks for
+TGS fails with a clear message, anything else is exec'd through to the lower runtime.
+Errors go where docker shows them (stderr and the --log file)."""
 from __future__ import annotations
 
 import datetime as dt
@@ -12,10 +14,7 @@ from pathlib import Path
 
 from tgs_runtime.runtime import argv as argvmod
 from tgs_runtime.runtime.argv import RuncArgs
-
-
-class Failure(Exception):
-    """Create cannot go on: the message is the one line the user sees."""
+from tgs_runtime.runtime.create import Failure
 
 
 def report(args: RuncArgs | None, msg: str) -> None:
@@ -44,48 +43,29 @@ def lower_runtime(names) -> str:
 
 def set_up(args: RuncArgs, cfg) -> None:
     """Reserve and edit the spec of a container that asks for TGS; nothing otherwise."""
-    from tgs_runtime.admin import AdminClient, DaemonUnavailable, Refused
-    from tgs_runtime.runtime import spec as specmod
+    import asyncio
 
-    bundle = Path(args.bundle or ".")
-    try:
-        spec = specmod.read(bundle)
-        request = specmod.classify(spec, cfg.runtime.default_class, cfg.runtime.production.value)
-    except specmod.SpecError as e:
-        raise Failure(str(e)) from None
-    if request is None:
-        return
-    if not args.container_id:
-        raise Failure("create without a container id")
+    from tgs_runtime.admin import AdminClient, DaemonUnavailable, Refused
+    from tgs_runtime.runtime.create import ReserveFailed
+    from tgs_runtime.runtime.create import set_up as create
+
     admin = AdminClient(cfg.daemon.state_dir)
-    try:
-        reply = admin.reserve(args.container_id, request.cls, request.gpus)
-    except DaemonUnavailable as e:
-        raise Failure(f"cannot set up TGS for this {request.cls} container: {e}") from None
-    except Refused as e:
-        raise Failure(f"tgsd refused this {request.cls} container: {e}") from None
-    try:
-        setup = specmod.Setup(
-            cls=request.cls, gpus=reply["gpus"], container_dir=Path(reply["dir"]), activity=reply["activity"],
-            shim_path=cfg.runtime.shim_path, hook_path=cfg.runtime.hook_path, config_path=cfg.path,
-            hook_timeout_s=cfg.runtime.hook_timeout_s,
-            sim_state=cfg.sim.state if cfg.sim.enabled else None,
-            sim_lib_dir=cfg.sim.lib_dir if cfg.sim.enabled else None,
-            preload_lines=specmod.image_preload(spec, bundle))
-        for path, what in ((setup.shim_path, "libtgs.so"), (setup.hook_path, "tgs-hook")):
-            if not os.access(path, os.R_OK):
-                raise Failure(f"{what} is not installed at {path} (run `tgs setup docker`, or fix [runtime] in {cfg.path})")
-        specmod.write(bundle, specmod.apply(spec, setup))
-    except BaseException as e:
+
+    async def reserve(cid: str, cls: str, gpus: list[str]) -> dict:
         try:
-            admin.deregister(args.container_id)  # nothing is left behind
+            return admin.reserve(cid, cls, gpus)
+        except DaemonUnavailable as e:
+            raise ReserveFailed(str(e), refused=False) from None
+        except Refused as e:
+            raise ReserveFailed(str(e), refused=True) from None
+
+    async def release(cid: str) -> None:
+        try:
+            admin.deregister(cid)
         except (DaemonUnavailable, Refused):
             pass
-        if isinstance(e, Failure):
-            raise
-        if isinstance(e, OSError):
-            raise Failure(f"cannot edit {bundle}/config.json: {e.strerror or e}") from None
-        raise
+
+    asyncio.run(create(args.container_id, Path(args.bundle or "."), cfg, reserve, release))
 
 
 def main(argv: list[str] | None = None) -> None:

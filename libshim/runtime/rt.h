@@ -1,0 +1,29 @@
+/* What tgs-runtime's launcher and tgs-hook share: the config file's keys, a little JSON,
+ * and one framed request to tgsd's admin socket (ARCHITECTURE.md, "Framing"). */
+#pragma once
+#include <stddef.h>
+
+#define RT_DEFAULT_CONFIG "/etc/tgs/config.toml"
+#define RT_DEFAULT_STATE_DIR "/run/tgs"
+#define RT_ADMIN_SOCKET "tgsd.sock"
+
+char *rt_read_file(const char *path, size_t max, size_t *len);
+
+/* The first string of `key` in [section] (a string or a list of strings), into out; 1 if found. */
+int rt_config_key(const char *toml, const char *section, const char *key, char *out, size_t cap);
+
+/* `in` as the inside of a JSON string; 0 when it does not fit. */
+int rt_json_escape(const char *in, char *out, size_t cap);
+/* The value of the top-level member `key` of a JSON object (nested members are skipped), or NULL. */
+const char *rt_json_member(const char *json, const char *key);
+/* A JSON string value, decoded (UTF-8) into out; 0 when `value` is not a string or does not fit. */
+int rt_json_string(const char *value, char *out, size_t cap);
+
+enum rt_admin {
+    RT_ADMIN_OK,      /* tgsd answered ok */
+    RT_ADMIN_REFUSED, /* tgsd answered no: msg is its reason */
+    RT_ADMIN_ABSENT,  /* no tgsd listens there: msg says so and what to do */
+    RT_ADMIN_BROKEN,  /* anything else: msg says what */
+};
+/* One JSON request (an object) to <state_dir>/tgsd.sock and its answer; msg gets the words. */
+enum rt_admin rt_admin_call(const char *state_dir, const char *request, int timeout_s, char *msg, size_t cap);

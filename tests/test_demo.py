@@ -18,8 +18,8 @@ def test_demo_shows_tgs_protecting_production(libshim):
     text = out.stdout
     assert "simgpu" in text and "simulated" in text, "a run without a GPU says it is simulated"
     assert re.search(r"TGS\s+production\s+\d+\.\d+s\s+[\d.]+ it/s", text), "live progress of the TGS phase"
-    rows = {m.group(1): [float(x) for x in m.group(2, 3, 4, 5)]
-            for m in re.finditer(r"^(exclusive|co-execution|TGS)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)", text, re.M)}
+    assert "TGS containers: plain processes with the shim" in text
+    rows = _rows(text)
     assert set(rows) == {"exclusive", "co-execution", "TGS"}, text
     tgs_prod, tgs_opp = rows["TGS"][1], rows["TGS"][3]
     co_prod = rows["co-execution"][1]
@@ -27,3 +27,38 @@ def test_demo_shows_tgs_protecting_production(libshim):
     assert tgs_prod > co_prod, "TGS protects production better than no control"
     assert tgs_opp >= 0.2, f"the opportunistic job got {tgs_opp} of its exclusive throughput"
     assert "With TGS, production kept" in text
+
+
+def _rows(text: str) -> dict[str, list[float]]:
+    return {m.group(1): [float(x) for x in m.group(2, 3, 4, 5)]
+            for m in re.finditer(r"^(exclusive|co-execution|TGS)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)", text, re.M)}
+
+
+def test_demo_through_docker_with_the_tgs_runtime(docker):
+    """With a docker daemon that has the tgs runtime (and its tgsd), the TGS phase is two
+    real TGS containers, on the simulated GPU that tgsd manages."""
+    host, tgsd = docker()
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("TGS_", "SIMGPU_"))}
+    env["DOCKER_HOST"] = host.host
+    out = subprocess.run([sys.executable, "-m", "tgs_runtime", "demo", "--seconds", "4", "--via", "docker"],
+                         cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "TGS containers: docker run --runtime=tgs." in out.stdout
+    assert str(tgsd.simgpu.state) in out.stdout, "it runs on the GPU of the runtime's tgsd"
+    rows = _rows(out.stdout)
+    assert set(rows) == {"exclusive", "co-execution", "TGS"}, out.stdout
+    assert rows["TGS"][1] >= 0.85 and rows["TGS"][1] > rows["co-execution"][1], out.stdout
+    assert rows["TGS"][3] >= 0.2, out.stdout
+    reserved = {e["cls"] for e in tgsd.events() if e.get("event") == "container reserved"}
+    assert reserved == {"production", "opportunistic"}, "each job ran in a TGS container of its class"
+    assert tgsd.status()["gpus"][0]["containers"] == [], "both containers were released"
+    assert host.docker("ps", "-aq", "--filter", "label=tgs.demo").stdout.split() == [], "none left behind"
+
+
+def test_demo_says_why_it_cannot_use_docker(libshim, tmp_path):
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("TGS_", "SIMGPU_"))}
+    env["DOCKER_HOST"] = f"unix://{tmp_path}/nothing.sock"
+    out = subprocess.run([sys.executable, "-m", "tgs_runtime", "demo", "--seconds", "2", "--via", "docker"],
+                         cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 1
+    assert f"cannot run the demo through docker: no docker daemon answers at unix://{tmp_path}/nothing.sock" in out.stderr

@@ -4,24 +4,30 @@ table that says what sharing cost and what it gained.
 Phases, each measured in the same run (ARCHITECTURE.md, "Measures"):
   exclusive     production alone, then opportunistic alone
   co-execution  both at once, no control (what a shared GPU does by itself)
-  TGS           both at once, each in a TGS container of its class (libtgs.so preloaded,
-                registered with a tgsd of the demo's own, started with a temporary config)
+  TGS           both at once, each in a TGS container of its class
 
-On a machine with an NVIDIA GPU the jobs run on it; otherwise on simgpu. The jobs run as
-plain processes registered as tgs-runtime registers a container's processes.
+The TGS phase goes through `docker run --runtime=tgs` when a docker daemon has the tgs
+runtime and its tgsd answers (demodocker.py; on the GPU that tgsd manages: simgpu when its
+config enables [sim]). Otherwise its jobs are plain processes with libtgs.so preloaded,
+registered as tgs-runtime registers a container, with a tgsd of the demo's own (started
+with a temporary config). The exclusive and co-execution phases are plain processes on
+the same GPU. On a machine with an NVIDIA GPU the jobs run on it; otherwise on simgpu.
 """
 from __future__ import annotations
 
-import selectors
+import enum
+import queue
 import subprocess
 import sys
 import tempfile
+import threading
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import Callable, Protocol, Sequence
 
-from tgs_runtime import sim
+from tgs_runtime import demodocker, sim
 from tgs_runtime.childd import ChildTgsd, ProcessContainer, merge, own_config
 from tgs_runtime.paths import artifacts
 from tgs_runtime.workload import Report, Workload, parse_line
@@ -51,41 +57,75 @@ class PhaseResult:
     busy_fraction: float | None = None  # simgpu's accounting; None on a real GPU
 
 
-def _stream(procs: dict[str, subprocess.Popen], echo: Echo, phase: str) -> dict[str, Report]:
+class Via(str, enum.Enum):
+    AUTO = "auto"            # docker when it can, else processes
+    DOCKER = "docker"        # docker run --runtime=tgs, or fail saying why not
+    PROCESSES = "processes"  # plain processes with the shim
+
+
+class Job(Protocol):
+    def lines(self) -> Iterator[str]: ...           # its stdout, line by line, until it ends
+    def finish(self) -> str | None: ...             # None when it succeeded, else why not
+
+
+@dataclass
+class ProcessJob:
+    proc: subprocess.Popen
+
+    def lines(self) -> Iterator[str]:
+        yield from self.proc.stdout
+
+    def finish(self) -> str | None:
+        return None if self.proc.wait() == 0 else self.proc.stderr.read()[-2000:]
+
+
+def _stream(jobs: dict[str, Job], echo: Echo, phase: str) -> dict[str, Report]:
     """Shows each job's progress lines as they arrive; returns each job's summary."""
-    sel = selectors.DefaultSelector()
-    for role, p in procs.items():
-        sel.register(p.stdout, selectors.EVENT_READ, role)
+    lines: queue.Queue = queue.Queue()
+
+    def pump(role: str, job: Job) -> None:
+        try:
+            for line in job.lines():
+                lines.put((role, line))
+        finally:
+            lines.put((role, None))
+
+    for role, job in jobs.items():
+        threading.Thread(target=pump, args=(role, job), daemon=True).start()
     last: dict[str, Report] = {}
-    open_ = len(procs)
+    open_ = len(jobs)
     while open_:
-        for key, _ in sel.select(timeout=1):
-            line = key.fileobj.readline()
-            if not line:
-                sel.unregister(key.fileobj)
-                open_ -= 1
-                continue
-            if not line.startswith("{"):
-                continue
-            rep = parse_line(line)
-            role = key.data
-            last[role] = rep
-            if not rep.summary:
-                echo(f"  {phase:<13} {role:<14} {rep.elapsed_s:5.1f}s  {rep.iterations_per_s:7.1f} it/s")
-    for role, p in procs.items():
-        if p.wait() != 0:
-            raise RuntimeError(f"the {role} job failed: {p.stderr.read()[-2000:]}")
+        role, line = lines.get()
+        if line is None:
+            open_ -= 1
+            continue
+        if not line.startswith("{"):
+            continue
+        rep = parse_line(line)
+        last[role] = rep
+        if not rep.summary:
+            echo(f"  {phase:<13} {role:<14} {rep.elapsed_s:5.1f}s  {rep.iterations_per_s:7.1f} it/s")
+    for role, job in jobs.items():
+        why = job.finish()
+        if why is not None:
+            raise RuntimeError(f"the {role} job failed: {why}")
     return last
 
 
 class Demo:
-    """The demo's jobs on one GPU: the real one, or simgpu when there is none."""
+    """The demo's jobs on one GPU: the real one, or simgpu (the demo's own, or the one the
+    docker runtime's tgsd manages)."""
 
-    def __init__(self, plan: DemoPlan, echo: Echo, workdir: Path, real: bool):
+    def __init__(self, plan: DemoPlan, echo: Echo, workdir: Path, real: bool,
+                 docker: demodocker.DockerTgs | None = None):
         self.plan = plan
         self.echo = echo
         self.workdir = workdir
-        self.settings = None if real else sim.SimSettings(state=workdir / "simgpu.state", memory="8G")
+        self.docker = docker
+        if docker:
+            self.settings = sim.SimSettings(state=docker.cfg.sim.state) if docker.simulated else None
+        else:
+            self.settings = None if real else sim.SimSettings(state=workdir / "simgpu.state", memory="8G")
 
     def _env(self, label: str, container: ProcessContainer | None) -> dict[str, str]:
         return sim.job_env(self.settings, label, container.env(artifacts().shim, "error") if container else None)
@@ -96,40 +136,57 @@ class Demo:
         return sim.status(self.settings.state)["devices"][0]["busy_ns"]
 
     def _run(self, phase: str, jobs: Sequence[tuple[str, Workload]],
-             containers: dict[str, ProcessContainer] | None = None) -> PhaseResult:
+             start: Callable[[str, str, Workload], Job] | None = None) -> PhaseResult:
+        """Runs `jobs` (role, workload) at once; `start` starts one job (a plain process by default)."""
+        start = start or (lambda role, label, w: ProcessJob(subprocess.Popen(
+            w.argv(), env=self._env(label, None), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)))
         before = self._busy_ns()
         t0 = time.monotonic()
-        procs = {}
-        for role, w in jobs:
-            env = self._env(f"{phase}:{role}", (containers or {}).get(role))
-            procs[role] = subprocess.Popen(w.argv(), env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        summaries = _stream(procs, self.echo, phase)
+        running: dict[str, Job] = {}
+        try:
+            for role, w in jobs:
+                running[role] = start(role, f"{phase}:{role}", w)
+            summaries = _stream(running, self.echo, phase)
+        finally:
+            for job in running.values():
+                getattr(job, "remove", lambda: None)()
         wall = time.monotonic() - t0
         after = self._busy_ns()
         res = PhaseResult(phase, {role: s.iterations_per_s for role, s in summaries.items()})
         res.busy_fraction = None if after is None else (after - (before or 0)) / 1e9 / wall
         return res
 
-    def _tgsd(self) -> ChildTgsd:
+    def _tgs_processes(self, jobs: Sequence[tuple[str, Workload]]) -> PhaseResult:
+        self.echo("  (starting a tgsd of the demo's own, with a temporary config, for the TGS phase)")
         config = merge(own_config(self.settings, budget="8G"), {"daemon": {"log": "json"}})
-        return ChildTgsd(config, self.workdir / "tgs.toml", self.workdir / "tgsd.log").start()
+        tgsd = ChildTgsd(config, self.workdir / "tgs.toml", self.workdir / "tgsd.log").start()
+        try:
+            containers = {role: tgsd.register(role, cid=f"demo-{role}") for role, _ in jobs}
+
+            def start(role: str, label: str, w: Workload) -> Job:
+                return ProcessJob(subprocess.Popen(w.argv(), env=self._env(label, containers[role]),
+                                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+            return self._run("TGS", jobs, start)
+        finally:
+            tgsd.close()
+
+    def _tgs_docker(self, jobs: Sequence[tuple[str, Workload]]) -> PhaseResult:
+        d = self.docker
+        self.echo(f"  (TGS phase: docker run --runtime=tgs on {d.where}, tgsd at {d.cfg.daemon.state_dir})")
+        tag = demodocker.image(d)
+        return self._run("TGS", jobs, lambda role, label, w: demodocker.ContainerJob.start(d, tag, role, label, w))
 
     def run(self) -> list[PhaseResult]:
         p = self.plan
+        if self.settings and not self.settings.state.exists():
+            self.settings.create()
+        both = [("production", p.production), ("opportunistic", p.opportunistic)]
         results = [
             self._run("exclusive", [("production", p.production)]),
             self._run("exclusive", [("opportunistic", p.opportunistic)]),
-            self._run("co-execution", [("production", p.production), ("opportunistic", p.opportunistic)]),
+            self._run("co-execution", both),
         ]
-        self.echo("  (starting tgsd with a temporary config for the TGS phase)")
-        tgsd = self._tgsd()
-        try:
-            containers = {"production": tgsd.register("production", cid="demo-production"),
-                          "opportunistic": tgsd.register("opportunistic", cid="demo-opportunistic")}
-            results.append(self._run("TGS", [("production", p.production), ("opportunistic", p.opportunistic)],
-                                     containers))
-        finally:
-            tgsd.close()
+        results.append(self._tgs_docker(both) if self.docker else self._tgs_processes(both))
         return results
 
 
@@ -150,17 +207,28 @@ def table(results: list[PhaseResult]) -> str:
     return "\n".join(lines)
 
 
-def run_demo(phase_seconds: float, echo: Echo = print) -> list[PhaseResult]:
+def run_demo(phase_seconds: float, echo: Echo = print, via: Via = Via.AUTO) -> list[PhaseResult]:
     plan = DemoPlan.default(phase_seconds)
     real = sim.real_gpu()
+    docker, why_not = (None, "asked for plain processes") if via == Via.PROCESSES else demodocker.find(real)
+    if via == Via.DOCKER and not docker:
+        raise RuntimeError(f"cannot run the demo through docker: {why_not}")
     with tempfile.TemporaryDirectory(prefix="tgs-demo-") as d:
-        if real:
+        demo = Demo(plan, echo, Path(d), real, docker)
+        if demo.settings is None:
             echo("Running on this machine's NVIDIA GPU (GPU 0).")
+        elif docker:
+            echo(f"Running on simgpu, the simulated GPU of the tgs runtime's tgsd ({demo.settings.state}); "
+                 "results are simulated.")
         else:
             echo("No NVIDIA GPU here: running on simgpu, a simulated GPU (results are simulated).")
+        if docker:
+            echo("TGS containers: docker run --runtime=tgs.")
+        else:
+            echo(f"TGS containers: plain processes with the shim (not docker: {why_not}).")
         echo(f"production: {plan.production.duty * 100:.0f}% GPU duty cycle; opportunistic: GPU-bound; "
              f"{phase_seconds:g} s per phase\n")
-        results = Demo(plan, echo, Path(d), real).run()
+        results = demo.run()
     echo("\n" + table(results))
     tgs = next(r for r in results if r.name == "TGS")
     co = next(r for r in results if r.name == "co-execution")

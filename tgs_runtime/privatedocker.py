@@ -1,8 +1,8 @@
 """A private dockerd (for the end-to-end tests and `tgs bench start`): Debian's docker.io with its own data root,
 exec root, socket and containerd, no iptables, no bridge, and the tgs runtime in its
-daemon.json; and a small image imported from local files (busybox-static, the workload and
+daemon.json; and small images made from local files (busybox-static, the workload and
 test programs, with the host's dynamic loader and libc so glibc programs and the preload
-work)."""
+work; `tgs demo` makes its image the same way)."""
 from __future__ import annotations
 
 import json
@@ -32,6 +32,40 @@ def _libs(binary: Path) -> list[Path]:
         if path.startswith("/"):
             libs.append(Path(path))
     return libs
+
+
+def rootfs_tar(files: dict[str, Path], workdir: Path, tag: str, extra: dict[str, bytes] | None = None) -> Path:
+    """The tarball of an image made from local files, for `docker import`: busybox-static,
+    `files` (image path -> host file) and every library they need, with the host's loader;
+    `extra` (image path -> content) added as they are."""
+    root = workdir / f"rootfs-{tag.replace(':', '-')}"
+    shutil.rmtree(root, ignore_errors=True)
+    busybox = Path("/bin/busybox")
+    for d in ("bin", "usr/bin", "etc", "tmp", "dev", "proc", "sys", "run"):
+        (root / d).mkdir(parents=True, exist_ok=True)
+    if busybox.exists():
+        shutil.copy2(busybox, root / "bin/busybox")
+        for tool in ("sh", "sleep", "cat", "ls", "echo", "env", "grep", "true", "wc"):
+            (root / "bin" / tool).symlink_to("busybox")
+    needed: set[Path] = set()
+    for dest, src in files.items():
+        target = root / dest.lstrip("/")
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(src, target)
+        needed.update(_libs(src))
+    for lib in sorted(needed):
+        target = root / str(lib).lstrip("/")
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(lib.resolve(), target)
+    for dest, data in (extra or {}).items():
+        target = root / dest.lstrip("/")
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_bytes(data)
+    tar = workdir / f"{tag.replace(':', '-')}.tar"
+    with tarfile.open(tar, "w") as t:
+        t.add(root, arcname=".")
+    shutil.rmtree(root, ignore_errors=True)
+    return tar
 
 
 @dataclass
@@ -84,33 +118,8 @@ class PrivateDocker:
                                 text=True)
 
     def build_image(self, files: dict[str, Path], tag: str, extra: dict[str, bytes] | None = None) -> None:
-        """An image from local files: busybox-static, `files` (image path -> host file) and
-        every library they need, with the host's loader."""
-        root = self.workdir / f"rootfs-{tag.replace(':', '-')}"
-        shutil.rmtree(root, ignore_errors=True)
-        busybox = Path("/bin/busybox")
-        for d in ("bin", "usr/bin", "etc", "tmp", "dev", "proc", "sys", "run"):
-            (root / d).mkdir(parents=True, exist_ok=True)
-        shutil.copy2(busybox, root / "bin/busybox")
-        for tool in ("sh", "sleep", "cat", "ls", "echo", "env", "grep", "true", "wc"):
-            (root / "bin" / tool).symlink_to("busybox")
-        needed: set[Path] = set()
-        for dest, src in files.items():
-            target = root / dest.lstrip("/")
-            target.parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy2(src, target)
-            needed.update(_libs(src))
-        for lib in sorted(needed):
-            target = root / str(lib).lstrip("/")
-            target.parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy2(lib.resolve(), target)
-        for dest, data in (extra or {}).items():
-            target = root / dest.lstrip("/")
-            target.parent.mkdir(parents=True, exist_ok=True)
-            target.write_bytes(data)
-        tar = self.workdir / f"{tag.replace(':', '-')}.tar"
-        with tarfile.open(tar, "w") as t:
-            t.add(root, arcname=".")
+        """An image from local files (`rootfs_tar`), imported into this dockerd."""
+        tar = rootfs_tar(files, self.workdir, tag, extra)
         with open(tar, "rb") as f:
             subprocess.run(["docker", "import", "-", tag], env=self.env(), stdin=f, check=True, capture_output=True)
 

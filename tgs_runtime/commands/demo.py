@@ -9,13 +9,18 @@ from tgs_runtime.paths import MissingArtifact
 @click.command("demo")
 @click.option("--seconds", type=click.FloatRange(2, 600), default=10, show_default=True,
               help="Length of each phase.")
-def demo_cmd(seconds: float) -> None:
-    """Run a production and an opportunistic job side by side and show what each got."""
-    from tgs_runtime.demo import run_demo
+@click.option("--via", type=click.Choice(["auto", "docker", "processes"]), default="auto", show_default=True,
+              help="How the TGS phase runs its jobs: docker run --runtime=tgs (needs a docker daemon with the tgs "
+                   "runtime and its tgsd running), plain processes with the shim and a tgsd of the demo's own, or "
+                   "docker when it can.")
+def demo_cmd(seconds: float, via: str) -> None:
+    """Run a production and an opportunistic job side by side and show what each got:
+    alone, together without control, and together under TGS."""
+    from tgs_runtime.demo import Via, run_demo
 
     try:
-        run_demo(seconds, click.echo)
-    except MissingArtifact as e:
+        run_demo(seconds, click.echo, Via(via))
+    except (MissingArtifact, RuntimeError) as e:
         raise click.ClickException(str(e)) from e
 
 

@@ -74,7 +74,7 @@ def doctor_cmd(config_path: Path | None, daemon_json: Path) -> None:
         r.ok(f"{daemon_json} names the tgs runtime ({entry['path']})")
         create = Path(entry["path"]).parent / "tgs-runtime-create"
         if not os.access(create, os.X_OK):
-            r.fail(f"{create} is missing (tgs-runtime hands TGS containers to it)", "tgs setup docker")
+            r.fail(f"{create} is missing (tgs-runtime falls back to it when tgsd cannot be asked)", "tgs setup docker")
     try:
         import docker
 

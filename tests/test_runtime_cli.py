@@ -182,3 +182,12 @@ def test_the_hook_with_tgsd_down(libshim, tgsd):
     stop = subprocess.run([hook, "--tgs-config", str(d.config), "poststop"], input=state, capture_output=True,
                           text=True, timeout=30)
     assert stop.returncode == 0
+
+
+def test_the_hook_reads_a_literal_state_dir(libshim, tmp_path):
+    """TOML's literal strings ('...') are read as the basic ones are."""
+    config = tmp_path / "tgs.toml"
+    config.write_text(f"[runtime]\nlower_runtime = 'runc'\n[daemon]\nstate_dir = '{tmp_path}/state' # here\n")
+    out = subprocess.run([str(libshim.root / "tgs-hook"), "--tgs-config", str(config), "createRuntime"],
+                         input='{"id": "x", "pid": 1}', capture_output=True, text=True, timeout=30)
+    assert out.returncode == 1 and f"tgsd is not running (no {tmp_path}/state/tgsd.sock)" in out.stderr

@@ -51,10 +51,10 @@ int rt_config_key(const char *toml, const char *section, const char *key, char *
         const char *eol = strchr(line, '\n');
         if (!q || (eol && q > eol))
             return 0;
-        const char *s = strchr(q, '"');
-        if (!s || (eol && s > eol))
+        const char *s = q + strcspn(q, "\"'");  /* a basic or a literal string (no escapes in ours) */
+        if (!*s || (eol && s > eol))
             return 0;
-        const char *e = strchr(s + 1, '"');
+        const char *e = strchr(s + 1, *s);
         if (!e || (eol && e > eol) || (size_t)(e - s - 1) >= cap)
             return 0;
         memcpy(out, s + 1, (size_t)(e - s - 1));

@@ -182,23 +182,47 @@ def test_tgs_paper_serves_one_job():
     assert rates == {"a": 1000, "b": 0}
 
 
-def rng(cid, size, evicted=False, evictable=True):
+MB = 1 << 20
+
+
+def rng(cid, size, evicted=0, evictable=True):
     return residency.Range(cid, 0, size, size, evictable, evicted)
 
 
-def test_residency_evicts_largest_first_and_only_what_can_move():
-    rs = [rng("o", 100), rng("o", 300), rng("o", 50), rng("o", 1000, evictable=False)]
-    p = residency.plan(budget=1400, production_footprint=200, ranges=rs)  # 250 over
-    assert [r.size for r in p.evict] == [300] and p.over_by == 0
-    p = residency.plan(budget=1000, production_footprint=500, ranges=rs)  # 950 over, 450 can move
-    assert {r.size for r in p.evict} == {300, 100, 50} and p.over_by == 500
+def moved(p):
+    return [(m.range.size // MB, m.op.name.lower(), m.offset // MB, m.length // MB) for m in p.moves]
+
+
+def test_residency_evicts_only_the_excess_from_the_largest_range_and_only_what_can_move():
+    rs = [rng("o", 100 * MB), rng("o", 300 * MB), rng("o", 50 * MB), rng("o", 1000 * MB, evictable=False)]
+    p = residency.plan(budget=1400 * MB, production_footprint=150 * MB, ranges=rs)  # 200 MB over
+    assert moved(p) == [(300, "evict", 64, 236)] and p.over_by == 0, "the tail, in 64 MB pieces from the start"
+    p = residency.plan(budget=1000 * MB, production_footprint=500 * MB, ranges=rs)  # 950 over, 450 can move
+    assert moved(p) == [(300, "evict", 0, 300), (100, "evict", 0, 100), (50, "evict", 0, 50)]
+    assert p.over_by == 500 * MB
+
+
+def test_residency_counts_orders_in_flight_and_acknowledged():
+    rs = [rng("o", 300 * MB)]
+    p = residency.plan(budget=1000 * MB, production_footprint=900 * MB, ranges=rs)  # 200 over
+    (m,) = p.moves
+    rs[0].pending = m
+    assert residency.plan(budget=1000 * MB, production_footprint=900 * MB, ranges=rs).moves == [], "in flight"
+    m.done()
+    rs[0].pending = None
+    assert rs[0].evicted == 236 * MB and rs[0].resident == 64 * MB
+    assert residency.plan(budget=1000 * MB, production_footprint=900 * MB, ranges=rs).moves == [], "it fits now"
 
 
 def test_residency_restores_with_a_margin():
-    mb = 1 << 20
-    rs = [rng("o", 100 * mb, evicted=True), rng("o", 10 * mb, evicted=True)]
-    p = residency.plan(budget=1000 * mb, production_footprint=850 * mb, ranges=rs)
-    assert [r.size for r in p.restore] == [10 * mb], "the smallest first, and never into the margin"
-    rs[1].pending = OrderOp.RESTORE
-    p = residency.plan(budget=1000 * mb, production_footprint=850 * mb, ranges=rs)
-    assert p.restore == []
+    rs = [rng("o", 100 * MB, evicted=100 * MB), rng("o", 10 * MB, evicted=10 * MB)]
+    p = residency.plan(budget=1000 * MB, production_footprint=850 * MB, ranges=rs)  # 150 free, 86 after the margin
+    assert moved(p) == [(10, "restore", 0, 10), (100, "restore", 0, 64)], "the least evicted first, in pieces"
+    m = p.moves[0]
+    rs[1].pending = m
+    p = residency.plan(budget=1000 * MB, production_footprint=850 * MB, ranges=rs)
+    assert moved(p) == [(100, "restore", 0, 64)]
+    m.done()
+    assert rs[1].evicted == 0
+    p = residency.plan(budget=1000 * MB, production_footprint=930 * MB, ranges=rs)
+    assert p.moves == [], "never into the margin"

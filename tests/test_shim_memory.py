@@ -125,9 +125,18 @@ def test_eviction_and_restore_orders_move_pages_and_keep_data(simgpu, container,
     time.sleep(0.5)
     restored = simgpu.context("opp")
     assert restored["resident_bytes"] >= 300 * MB and restored["pages_in"] > evicted["pages_in"]
-    unknown = c.order(conn, proto.OrderOp.EVICT, 0x1234000, 4096)
-    assert unknown.status == 1, "an order for memory the process does not hold is refused (CUDA_ERROR_INVALID_VALUE)"
+    # a part of a range: its tail, as tgsd orders it
+    big = max(ranges.values(), key=lambda r: r.size)
+    before = simgpu.context("opp")["resident_bytes"]
+    assert c.order(conn, proto.OrderOp.EVICT, big.ptr + 64 * MB, big.size - 64 * MB).status == 0
+    time.sleep(0.3)
+    part = simgpu.context("opp")
+    assert part["resident_bytes"] == before - (big.size - 64 * MB), "only the part ordered moved"
+    assert c.order(conn, proto.OrderOp.RESTORE, big.ptr + 64 * MB, big.size - 64 * MB).status == 0
+    for bad in ((big.ptr + big.size - 4096, 8192), (big.ptr, big.size + 4096), (big.ptr, 0), (0x1234000, 4096)):
+        refused = c.order(conn, proto.OrderOp.EVICT, *bad)
+        assert refused.status == 1, f"an order outside what the process holds is refused: {bad}"
     assert p.wait() == 0, p.stderr
     assert p.summary().checksum_ok is True
     ctr = counters(c)
-    assert ctr["evicted_bytes"] == ctr["restored_bytes"] == 300 * MB
+    assert ctr["evicted_bytes"] == ctr["restored_bytes"] == 300 * MB + big.size - 64 * MB

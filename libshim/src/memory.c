@@ -77,6 +77,22 @@ static int find(uint64_t ptr, int vmm, struct range *out) {
     return found;
 }
 
+/* The tracked, non-VMM range that holds [ptr, ptr + size). */
+static int find_holding(uint64_t ptr, uint64_t size, struct range *out) {
+    int found = 0;
+    pthread_mutex_lock(&g_range_lock);
+    for (size_t i = 0; i < g_nranges; i++) {
+        const struct range *r = &g_ranges[i];
+        if (r->kind != TGS_MEM_VMM && ptr >= r->ptr && size <= r->size && ptr - r->ptr <= r->size - size) {
+            *out = *r;
+            found = 1;
+            break;
+        }
+    }
+    pthread_mutex_unlock(&g_range_lock);
+    return found;
+}
+
 static void untrack(uint64_t ptr, int vmm) {
     struct range r;
     int found = 0;
@@ -410,10 +426,13 @@ static CUstream stream_for(CUcontext ctx) {
     return NULL;
 }
 
+/* An order moves a part of one range: tgsd keeps each range's evicted part at its tail,
+ * so an eviction sets the range's EVICTED flag and a restore that reaches the range's end
+ * clears it (the flag tells a restarted tgsd; it takes a flagged range as all evicted). */
 int tgs_memory_order(const struct tgs_msg_order *o, uint64_t *bytes) {
     struct range r;
     *bytes = 0;
-    if (!find(o->ptr, 0, &r) || r.size != o->size)
+    if (!o->size || !find_holding(o->ptr, o->size, &r))
         return CUDA_ERROR_INVALID_VALUE; /* freed meanwhile, or not a range tgsd was told of */
     if (r.kind != TGS_MEM_MANAGED && r.kind != TGS_MEM_APP_MANAGED)
         return CUDA_ERROR_NOT_SUPPORTED;
@@ -422,15 +441,15 @@ int tgs_memory_order(const struct tgs_msg_order *o, uint64_t *bytes) {
     if (!s)
         return e != CUDA_SUCCESS ? (int)e : CUDA_ERROR_OUT_OF_MEMORY;
     if (o->op == TGS_ORDER_EVICT) {
-        e = advise(r.ptr, r.size, CU_MEM_ADVISE_SET_PREFERRED_LOCATION, CU_DEVICE_CPU);
+        e = advise(o->ptr, o->size, CU_MEM_ADVISE_SET_PREFERRED_LOCATION, CU_DEVICE_CPU);
         if (e == CUDA_SUCCESS)
-            e = prefetch(r.ptr, r.size, CU_DEVICE_CPU, s);
+            e = prefetch(o->ptr, o->size, CU_DEVICE_CPU, s);
     } else if (o->op == TGS_ORDER_RESTORE) {
-        e = advise(r.ptr, r.size, CU_MEM_ADVISE_UNSET_PREFERRED_LOCATION, r.dev);
+        e = advise(o->ptr, o->size, CU_MEM_ADVISE_UNSET_PREFERRED_LOCATION, r.dev);
         if (e == CUDA_SUCCESS && g_tgs.cls == TGS_CLASS_PRODUCTION)
-            e = advise(r.ptr, r.size, CU_MEM_ADVISE_SET_PREFERRED_LOCATION, r.dev);
+            e = advise(o->ptr, o->size, CU_MEM_ADVISE_SET_PREFERRED_LOCATION, r.dev);
         if (e == CUDA_SUCCESS)
-            e = prefetch(r.ptr, r.size, r.dev, s);
+            e = prefetch(o->ptr, o->size, r.dev, s);
     } else {
         return CUDA_ERROR_INVALID_VALUE;
     }
@@ -443,12 +462,12 @@ int tgs_memory_order(const struct tgs_msg_order *o, uint64_t *bytes) {
         if (g_ranges[i].ptr == r.ptr && g_ranges[i].kind == r.kind) {
             if (o->op == TGS_ORDER_EVICT)
                 g_ranges[i].flags |= TGS_MEM_EVICTED;
-            else
+            else if (o->ptr + o->size == r.ptr + r.size)
                 g_ranges[i].flags &= ~TGS_MEM_EVICTED;
         }
     pthread_mutex_unlock(&g_range_lock);
-    __atomic_fetch_add(o->op == TGS_ORDER_EVICT ? &r.g->ctr->evicted_bytes : &r.g->ctr->restored_bytes, r.size,
+    __atomic_fetch_add(o->op == TGS_ORDER_EVICT ? &r.g->ctr->evicted_bytes : &r.g->ctr->restored_bytes, o->size,
                        __ATOMIC_RELAXED);
-    *bytes = r.size;
+    *bytes = o->size;
     return CUDA_SUCCESS;
 }

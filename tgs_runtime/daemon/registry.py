@@ -13,7 +13,7 @@ from pathlib import Path
 
 from tgs_runtime import proto
 from tgs_runtime.control import ContainerPaths, ControlBlock
-from tgs_runtime.daemon.residency import Range
+from tgs_runtime.daemon.residency import Move, Range
 
 
 class Phase(str, enum.Enum):
@@ -46,7 +46,7 @@ class Process:
     said_hello: bool = False
     tokens: float = 0.0     # message-rate bucket
     tokens_at: float = 0.0
-    pending: dict[int, Range] = field(default_factory=dict)  # order id -> range
+    pending: dict[int, Move] = field(default_factory=dict)  # order id -> the move it orders
 
     def allow_message(self, now: float, per_s: int) -> bool:
         self.tokens = min(float(per_s), self.tokens + (now - self.tokens_at) * per_s)

@@ -1,10 +1,14 @@
 """Unified-memory residency on one GPU (ARCHITECTURE.md, "Memory sharing").
 
 Production's footprint plus what opportunistic containers keep on the GPU must fit the
-GPU's budget. When it would not, opportunistic ranges are evicted to host memory, the
-largest first (fewest moves); when room returns (with a margin, so nothing flaps), they
-are restored, the smallest first. Memory that cannot move (plain device allocations,
-cuMemCreate) counts but is never chosen. Pure logic: the daemon sends the orders."""
+GPU's budget. When it would not, opportunistic memory is evicted to host memory: only as
+much as the excess (rounded up to PIECE), taken from the end of the range with the most
+on the GPU, then the next. Evicted memory is read over the bus on every access, so moving
+more than needed only slows the opportunistic job. When room returns (with a margin, so
+nothing flaps) it is restored, the piece nearest the resident part first. Each range's
+evicted part is its tail, [size - evicted, size), so an order is one contiguous
+sub-range. Memory that cannot move (plain device allocations, cuMemCreate) counts but is
+never chosen. Pure logic: the daemon sends the orders."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -12,6 +16,7 @@ from dataclasses import dataclass
 from tgs_runtime.proto import OrderOp
 
 MARGIN = 64 << 20  # restore only when this much would still be free afterwards
+PIECE = 64 << 20   # orders move multiples of this (from the range's start), or up to its end
 
 
 @dataclass
@@ -21,41 +26,68 @@ class Range:
     ptr: int
     size: int
     evictable: bool
-    evicted: bool = False
-    pending: OrderOp | None = None  # an order sent and not yet acknowledged
+    evicted: int = 0                 # bytes of the tail on the host
+    pending: "Move | None" = None    # an order sent and not yet acknowledged
+
+    @property
+    def resident(self) -> int:
+        return self.size - self.evicted
+
+
+@dataclass(frozen=True)
+class Move:
+    range: Range
+    op: OrderOp
+    offset: int  # from the range's start
+    length: int
+
+    @property
+    def ptr(self) -> int:
+        return self.range.ptr + self.offset
+
+    def done(self) -> None:
+        """The shim acknowledged it."""
+        r = self.range
+        r.evicted = r.size - self.offset if self.op == OrderOp.EVICT else r.size - self.offset - self.length
 
 
 @dataclass(frozen=True)
 class Plan:
-    evict: list[Range]
-    restore: list[Range]
+    moves: list[Move]
     over_by: int  # bytes over budget that no order can fix (0 when it fits)
 
 
-def plan(budget: int, production_footprint: int, ranges: list[Range]) -> Plan:
-    """What to move now. Ranges with an order in flight count where they are going."""
-    def on_gpu(r: Range) -> bool:
-        if r.pending == OrderOp.EVICT:
-            return False
-        if r.pending == OrderOp.RESTORE:
-            return True
-        return not r.evicted
+def _on_gpu(r: Range) -> int:
+    """Bytes of `r` on the GPU, counting an order in flight where it is going."""
+    if r.pending is None:
+        return r.resident
+    m = r.pending
+    return m.offset if m.op == OrderOp.EVICT else m.offset + m.length
 
-    resident = sum(r.size for r in ranges if on_gpu(r))
-    over = production_footprint + resident - budget
+
+def _down(x: int) -> int:
+    return x // PIECE * PIECE
+
+
+def plan(budget: int, production_footprint: int, ranges: list[Range]) -> Plan:
+    """What to move now."""
+    over = production_footprint + sum(_on_gpu(r) for r in ranges) - budget
     if over > 0:
-        chosen, freed = [], 0
-        for r in sorted((r for r in ranges if r.evictable and on_gpu(r) and r.pending is None), key=lambda r: -r.size):
-            if freed >= over:
+        moves = []
+        for r in sorted((r for r in ranges if r.evictable and r.pending is None and r.resident > 0),
+                        key=lambda r: -r.resident):
+            if over <= 0:
                 break
-            chosen.append(r)
-            freed += r.size
-        return Plan(chosen, [], max(0, over - freed))
+            start = max(0, _down(r.resident - over))  # the new end of the resident part
+            moves.append(Move(r, OrderOp.EVICT, start, r.resident - start))
+            over -= r.resident - start
+        return Plan(moves, max(0, over))
     room = -over - MARGIN
-    restore = []
-    for r in sorted((r for r in ranges if r.evicted and r.pending is None), key=lambda r: r.size):
-        if r.size > room:
+    moves = []
+    for r in sorted((r for r in ranges if r.evicted and r.pending is None), key=lambda r: r.evicted):
+        end = min(r.size, _down(r.resident + room)) if r.resident + room < r.size else r.size
+        if end <= r.resident:
             break
-        restore.append(r)
-        room -= r.size
-    return Plan([], restore, 0)
+        moves.append(Move(r, OrderOp.RESTORE, r.resident, end - r.resident))
+        room -= end - r.resident
+    return Plan(moves, 0)

@@ -465,24 +465,24 @@ class Daemon:
                 return
             kind = proto.MemKind(msg.kind)
             c.ranges[key] = residency.Range(c.id, msg.gpu, msg.ptr, msg.size, kind.evictable,
-                                            evicted=bool(msg.flags & proto.MEM_EVICTED))
+                                            evicted=msg.size if msg.flags & proto.MEM_EVICTED else 0)
             c.range_owner[key] = p.id
         elif t == proto.MsgType.FREE:
             key = (p.id, msg.gpu, msg.ptr)
             c.ranges.pop(key, None)
             c.range_owner.pop(key, None)
         elif t == proto.MsgType.ORDER_ACK:
-            r = p.pending.pop(msg.order_id, None)
-            if r is None:
+            m = p.pending.pop(msg.order_id, None)
+            if m is None:
                 return
-            op = r.pending
-            r.pending = None
+            m.range.pending = None
             if msg.status == 0:
-                r.evicted = op == proto.OrderOp.EVICT
-                log.debug("order done", op=op.name.lower(), ptr=hex(r.ptr), bytes=msg.bytes, gpu=c.gpus[r.gpu_slot])
+                m.done()
+                log.debug("order done", op=m.op.name.lower(), ptr=hex(m.ptr), bytes=msg.bytes,
+                          gpu=c.gpus[m.range.gpu_slot])
             else:
-                log.warning("order failed", op=op.name.lower(), ptr=hex(r.ptr), cuda_error=msg.status,
-                            gpu=c.gpus[r.gpu_slot])
+                log.warning("order failed", op=m.op.name.lower(), ptr=hex(m.ptr), bytes=m.length,
+                            cuda_error=msg.status, gpu=c.gpus[m.range.gpu_slot])
         elif t == proto.MsgType.BYE:
             raise ConnectionError("bye")
         else:
@@ -629,19 +629,19 @@ class Daemon:
             if untracked:
                 ranges.append(residency.Range(c.id, slot, 0, untracked, evictable=False))
         plan = residency.plan(st.budget_bytes, prod_foot, ranges)
-        moves = [(r, proto.OrderOp.EVICT) for r in plan.evict] + [(r, proto.OrderOp.RESTORE) for r in plan.restore]
-        for r, op in moves:
-            c, key = owners[id(r)]
+        for m in plan.moves:
+            c, key = owners[id(m.range)]
             p = c.processes.get(c.range_owner.get(key, -1))
             if p is None:
                 continue
             self._order_ids += 1
-            r.pending = op
-            p.pending[self._order_ids] = r
-            p.writer.write(proto.frame(proto.message(proto.MsgOrder, gpu=r.gpu_slot, op=int(op),
-                                                     order_id=self._order_ids, ptr=r.ptr, size=r.size)))
-            self.log.info("memory order", container=c.id, cls=c.label, gpu=st.gpu.uuid, op=op.name.lower(),
-                          bytes=r.size, production_footprint=prod_foot, budget=st.budget_bytes)
+            m.range.pending = m
+            p.pending[self._order_ids] = m
+            p.writer.write(proto.frame(proto.message(proto.MsgOrder, gpu=m.range.gpu_slot, op=int(m.op),
+                                                     order_id=self._order_ids, ptr=m.ptr, size=m.length)))
+            self.log.info("memory order", container=c.id, cls=c.label, gpu=st.gpu.uuid, op=m.op.name.lower(),
+                          bytes=m.length, range_bytes=m.range.size, production_footprint=prod_foot,
+                          budget=st.budget_bytes)
         if plan.over_by and not st.unfixable_warned:
             self.log.warning("GPU memory over budget and nothing opportunistic left to move", gpu=st.gpu.uuid,
                              over_by=plan.over_by)
@@ -664,8 +664,8 @@ class Daemon:
                     "progress_blocks_per_s": round(c.achieved[slot], 1), "launches": ctr.launches,
                     "attained_blocks": ctr.blocks, "throttled_s": round(ctr.throttled_ns / 1e9, 3),
                     "memory": {"footprint": c.footprint(slot), "quota": b.mem_quota_bytes or None,
-                               "resident": sum(r.size for r in on if not r.evicted),
-                               "evicted": sum(r.size for r in on if r.evicted), "vmm": ctr.vmm_bytes},
+                               "resident": sum(r.resident for r in on), "evicted": sum(r.evicted for r in on),
+                               "vmm": ctr.vmm_bytes},
                 })
             last = st.last
             gpus.append({"index": st.gpu.index, "uuid": uuid, "name": st.gpu.name, "memory_total": st.gpu.memory_total,

@@ -6,6 +6,7 @@ from __future__ import annotations
 import importlib
 import inspect
 import json
+import sys
 
 import pytest
 
@@ -62,3 +63,32 @@ def test_results_are_written_before_plots_and_kept_without_matplotlib(tmp_path, 
     assert (tmp_path / "x" / "x.md").read_text().strip() == "| table |"
     assert [p.name for p in paths] == ["x.json", "x.md"]
     assert any("matplotlib is not installed" in s for s in said)
+
+
+def test_the_suite_interrupts_a_benchmark_past_its_time_and_reports_failures(tmp_path):
+    from bench.suite import run_step
+
+    log = tmp_path / "step.txt"
+    hang = [sys.executable, "-c", "import time\ntry:\n    time.sleep(60)\nexcept KeyboardInterrupt:\n    print('cleaned up')"]
+    outcome, took = run_step(hang, 1, {}, log)
+    assert outcome.startswith("timed out after 1 s") and took < 20
+    assert "cleaned up" in log.read_text(), "interrupted with SIGINT, so that it can clean up"
+    outcome, _ = run_step([sys.executable, "-c", "import sys; print('first'); sys.exit('what went wrong')"], 30, {}, log)
+    assert outcome == "failed (exit 1): what went wrong"
+
+
+def test_the_suite_fits_its_budget_and_says_what_it_left_out(tmp_path, monkeypatch):
+    import bench.suite as suite
+
+    monkeypatch.setattr(suite, "RESULTS", tmp_path)
+    monkeypatch.setenv("TGS_SUITE", "multi,pytorch")
+    monkeypatch.setenv("TGS_SUITE_MINUTES", "0.5")
+    monkeypatch.setattr(suite.sim, "real_gpu", lambda: False)
+    result = suite.run(echo=lambda _line: None, json_path=tmp_path / "suite.json")
+    steps = {s["name"]: s for s in result["steps"]}
+    assert steps["multi"]["outcome"].startswith("not run: 30 s left, it needs 60 s")
+    assert steps["pytorch"]["outcome"] == "not run: needs a real GPU"
+    assert json.loads((tmp_path / "suite.json").read_text())["steps"] == result["steps"]
+    monkeypatch.setenv("TGS_SUITE", "nonsense")
+    with pytest.raises(ValueError, match="TGS_SUITE names nonsense"):
+        suite.run(echo=lambda _line: None)

@@ -18,6 +18,7 @@ BENCHMARKS = {
     "start": "what the tgs runtime adds to docker run (root, docker.io)",
     "overhead": "launch and start in one table",
     "pytorch": "ResNet-50 beside a GPT-2-small-sized model (GPU + torch)",
+    "suite": "all of the above within 10 minutes, unattended (TGS_SUITE_MINUTES)",
 }
 
 HELP = ("Run benchmark NAME side by side in one run, and write JSON, a Markdown table and plots.\n\n\b\n"

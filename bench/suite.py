@@ -1,0 +1,130 @@
+"""`tgs bench suite`: every benchmark, one after the other, unattended, within a time budget
+(10 minutes unless TGS_SUITE_MINUTES says otherwise): the one command to run on a lent GPU.
+
+Each benchmark runs as its own `tgs bench NAME` process, so that one that hangs or fails
+costs only its own time: past its share of the budget it is interrupted (SIGINT, so that
+its tgsd, jobs and dockerd are cleaned up), then killed. A benchmark runs full length when
+the time left allows it and the quick runs of those after it, else quick, else not at all;
+the table says which, how long each took and how it ended. tgsd logs are kept under
+bench/results/suite/logs (TGS_BENCH_LOGS); on a real GPU the benchmarks' tgsd caps unified
+memory at TGS_BENCH_BUDGET (default 24G), far below the card. TGS_SUITE=a,b picks
+benchmarks (in this order)."""
+from __future__ import annotations
+
+import importlib.util
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from bench.common import RESULTS, Echo, Outputs, machine, table
+from tgs_runtime import sim
+from tgs_runtime.paths import REPO_ROOT
+
+
+@dataclass(frozen=True)
+class Step:
+    name: str
+    full_s: float   # how long it takes, measured on simgpu (the benchmarks are timed, not sized)
+    quick_s: float
+    why_not: str | None = None  # set when it cannot run here
+
+
+PLAN = (Step("isolation", 200, 90), Step("oversubscription", 110, 65), Step("dynamics", 180, 90),
+        Step("multi", 150, 60), Step("overhead", 90, 45), Step("pytorch", 150, 75))
+GRACE_S = 30  # what an interrupted benchmark gets to clean up
+
+
+def _steps(real: bool) -> list[Step]:
+    wanted = [n.strip() for n in os.environ.get("TGS_SUITE", "").split(",") if n.strip()]
+    known = {s.name: s for s in PLAN}
+    unknown = [n for n in wanted if n not in known]
+    if unknown:
+        raise ValueError(f"TGS_SUITE names {', '.join(unknown)}: expected some of {', '.join(known)}")
+    steps = [known[n] for n in wanted] if wanted else list(PLAN)
+    out = []
+    for s in steps:
+        if s.name == "pytorch" and not real:
+            s = Step(s.name, s.full_s, s.quick_s, "needs a real GPU")
+        elif s.name == "pytorch" and importlib.util.find_spec("torch") is None:
+            s = Step(s.name, s.full_s, s.quick_s, "PyTorch is not installed")
+        out.append(s)
+    return out
+
+
+def bench_argv(name: str, quick: bool) -> list[str]:
+    return [sys.executable, "-m", "tgs_runtime", "bench", name] + (["--quick"] if quick else [])
+
+
+def run_step(argv: list[str], limit_s: float, env: dict[str, str], log: Path) -> tuple[str, float]:
+    """Runs one benchmark's process, its output into `log`; returns how it ended and how
+    long it took."""
+    env = {**env, "PYTHONUNBUFFERED": "1"}  # its last line is then the last it said
+    t0 = time.monotonic()
+    with open(log, "w") as out:
+        p = subprocess.Popen(argv, cwd=REPO_ROOT, env=env, stdout=out, stderr=subprocess.STDOUT,
+                             start_new_session=True)
+        try:
+            rc = p.wait(timeout=max(limit_s, 1))
+        except subprocess.TimeoutExpired:
+            os.killpg(p.pid, signal.SIGINT)
+            try:
+                p.wait(timeout=GRACE_S)
+            except subprocess.TimeoutExpired:
+                os.killpg(p.pid, signal.SIGKILL)
+                p.wait()
+            return f"timed out after {limit_s:.0f} s (interrupted; see {log.name})", time.monotonic() - t0
+    took = time.monotonic() - t0
+    if rc == 0:
+        return "ok", took
+    lines = [l for l in log.read_text(errors="replace").splitlines() if l.strip()]
+    return f"failed (exit {rc}): {(lines or ['no output'])[-1][:200]}", took
+
+
+def run(echo: Echo = print, quick: bool = False, json_path: Path | None = None) -> dict:
+    budget_s = float(os.environ.get("TGS_SUITE_MINUTES", "10")) * 60
+    real = sim.real_gpu()
+    gpu = "real GPU" if real else "simgpu (simulated)"
+    steps = _steps(real)
+    here = RESULTS / "suite"
+    logs = here / "logs"
+    logs.mkdir(parents=True, exist_ok=True)
+    env = {**os.environ, "TGS_BENCH_LOGS": os.environ.get("TGS_BENCH_LOGS") or str(logs)}
+    echo(f"suite on {gpu}: {', '.join(s.name for s in steps)} within {budget_s / 60:g} minutes")
+    start = time.monotonic()
+    rows, results = [], []
+    for i, s in enumerate(steps):
+        left = budget_s - (time.monotonic() - start)
+        later = sum(x.quick_s for x in steps[i + 1:] if not x.why_not)
+        if s.why_not:
+            mode, outcome, took = "-", f"not run: {s.why_not}", 0.0
+        else:
+            if not quick and s.full_s + later <= left:
+                mode = "full"
+            elif s.quick_s <= left:
+                mode = "quick"
+            else:
+                mode = None
+            if mode is None:
+                outcome, took, mode = f"not run: {left:.0f} s left, it needs {s.quick_s:.0f} s", 0.0, "-"
+            else:
+                echo(f"  {s.name} ({mode}), {left:.0f} s left")
+                limit = min(left, (s.full_s if mode == "full" else s.quick_s) * 2)
+                outcome, took = run_step(bench_argv(s.name, mode == "quick"), limit, env, logs / f"{s.name}.txt")
+        echo(f"  {s.name}: {outcome}" + (f" in {took:.0f} s" if took else ""))
+        where = f"bench/results/{s.name}/" if outcome == "ok" else (f"logs/{s.name}.txt" if took else "-")
+        rows.append([s.name, mode, f"{took:.0f}", outcome, where])
+        results.append({"name": s.name, "mode": mode, "seconds": round(took, 1), "outcome": outcome})
+    total = time.monotonic() - start
+    result = {"benchmark": "suite", "simulated": not real, "machine": machine(gpu), "budget_s": budget_s,
+              "seconds": round(total, 1), "steps": results}
+    md = (f"### suite: every benchmark within {budget_s / 60:g} minutes ({gpu}, {result['machine']['date']}, "
+          f"commit {result['machine']['commit']})\n\n"
+          + table(["benchmark", "mode", "seconds", "outcome", "results"], rows)
+          + f"\n\nAll of it took {total:.0f} s. tgsd logs: bench/results/suite/logs/ (TGS_BENCH_LOGS)."
+          + " No MPS baseline yet (not implemented).")
+    Outputs("suite", json_path).write(result, md, echo)
+    return result

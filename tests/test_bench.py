@@ -86,7 +86,7 @@ def test_the_suite_fits_its_budget_and_says_what_it_left_out(tmp_path, monkeypat
     monkeypatch.setattr(suite.sim, "real_gpu", lambda: False)
     result = suite.run(echo=lambda _line: None, json_path=tmp_path / "suite.json")
     steps = {s["name"]: s for s in result["steps"]}
-    assert steps["multi"]["outcome"].startswith("not run: 30 s left, it needs 60 s")
+    assert steps["multi"]["outcome"].startswith("not run: 30 s left, it needs 45 s")
     assert steps["pytorch"]["outcome"] == "not run: needs a real GPU"
     assert json.loads((tmp_path / "suite.json").read_text())["steps"] == result["steps"]
     monkeypatch.setenv("TGS_SUITE", "nonsense")

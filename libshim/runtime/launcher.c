@@ -183,18 +183,19 @@ int main(int argc, char **argv) {
         char spec_path[PATH_MAX];
         snprintf(spec_path, sizeof spec_path, "%s/config.json", bundle ? bundle : ".");
         char *spec = rt_read_file(spec_path, 16 << 20, NULL);
-        int wanted = spec && (strstr(spec, "TGS_CLASS=") || strstr(spec, "\"tgs.class\"") ||
-                              (default_class[0] && strstr(spec, "NVIDIA_VISIBLE_DEVICES=")));
+        int readable = spec != NULL;
+        int wanted = readable && (strstr(spec, "TGS_CLASS=") || strstr(spec, "\"tgs.class\"") ||
+                                  (default_class[0] && strstr(spec, "NVIDIA_VISIBLE_DEVICES=")));
         free(spec);
-        if ((wanted || !spec) && tgsd_create(state_dir, container_id, bundle, tgs_config, named))
+        if ((wanted || !readable) && tgsd_create(state_dir, container_id, bundle, tgs_config, named))
             goto lower_runtime;
-        if (wanted || !spec) { /* no readable config.json: let the Python part say so clearly */
+        if (wanted || !readable) { /* no readable config.json: let the Python part say so clearly */
             char self[PATH_MAX], create[PATH_MAX];
             ssize_t len = readlink("/proc/self/exe", self, sizeof self - 1);
             if (len > 0) {
                 self[len] = 0;
                 snprintf(create, sizeof create, "%s/tgs-runtime-create", dirname(self));
-                if (!spec && access(create, X_OK) != 0)
+                if (!readable && access(create, X_OK) != 0)
                     goto lower_runtime;
                 argv[0] = create;
                 execv(create, argv);

@@ -41,3 +41,29 @@ def configure(fmt: LogFormat = LogFormat.AUTO, level: str = "info") -> None:
 
 def get(**bound) -> structlog.typing.FilteringBoundLogger:
     return structlog.get_logger().bind(**bound)
+
+
+class RepeatLimiter:
+    """Whether a failure that repeats (every control period, say) should be logged now: the
+    first time, whenever it changes, and then once every `every_s` seconds, with how many
+    repeats were not logged in between. `ok()` ends a run of failures; the next logs at once."""
+
+    def __init__(self, every_s: float = 60.0):
+        self.every_s = every_s
+        self.key: str | None = None
+        self.logged_at = float("-inf")
+        self.unlogged = 0
+
+    def check(self, key: str, now: float) -> int | None:
+        """None: do not log this one; else log it, saying this many were not logged before it."""
+        if key != self.key or now - self.logged_at >= self.every_s:
+            n, self.key, self.logged_at, self.unlogged = self.unlogged, key, now, 0
+            return n
+        self.unlogged += 1
+        return None
+
+    def ok(self) -> int:
+        """The failures stopped: returns how many went unlogged since the last line."""
+        n = self.unlogged if self.key is not None else 0
+        self.key, self.logged_at, self.unlogged = None, float("-inf"), 0
+        return n

@@ -25,7 +25,7 @@ from tgs_runtime.daemon.controllers import UNLIMITED, Claimant, Sample, ShareSta
 from tgs_runtime.daemon.gpus import Gpu, GpuError, GpuInventory
 from tgs_runtime.daemon.registry import Container, Phase, Process, load_registration, process_start_time
 from tgs_runtime.runtime import create as createmod
-from tgs_runtime.logs import get as get_logger
+from tgs_runtime.logs import RepeatLimiter, get as get_logger
 
 ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
 GHOST_GRACE_S = 10.0  # after a restart, an activity byte waits this long for its process to reconnect
@@ -64,6 +64,7 @@ class Daemon:
         self._admin: asyncio.AbstractServer | None = None
         self._stop = asyncio.Event()
         self._last_tick = time.monotonic()
+        self._failures = RepeatLimiter()
         self._last_save = 0.0
         self.started = time.monotonic()
 
@@ -531,8 +532,14 @@ class Daemon:
             await asyncio.sleep(max(0.0, self._last_tick + period - time.monotonic()))
             try:
                 self.tick()
-            except Exception:  # one bad period must not stop control
-                self.log.exception("control period failed")
+            except Exception as e:  # one bad period must not stop control
+                unlogged = self._failures.check(f"{type(e).__name__}: {e}", time.monotonic())
+                if unlogged is not None:  # journald gets one traceback a minute, not ten a second
+                    self.log.exception("control period failed", unlogged_repeats=unlogged,
+                                       next_repeat_logged_after_s=self._failures.every_s)
+            else:
+                if self._failures.key is not None:
+                    self.log.info("control periods work again", unlogged_repeats=self._failures.ok())
 
     def tick(self) -> None:
         now = time.monotonic()

@@ -6,7 +6,6 @@ from tgs_runtime.config import ControlConfig, Controller, Share
 from tgs_runtime.daemon import residency
 from tgs_runtime.daemon.controllers import (UNLIMITED, Claimant, FastController, PaperController, Sample, ShareState,
                                             make_controller, split)
-from tgs_runtime.proto import OrderOp
 
 DT = 0.1
 
@@ -208,8 +207,7 @@ def test_residency_counts_orders_in_flight_and_acknowledged():
     (m,) = p.moves
     rs[0].pending = m
     assert residency.plan(budget=1000 * MB, production_footprint=900 * MB, ranges=rs).moves == [], "in flight"
-    m.done()
-    rs[0].pending = None
+    m.acknowledged(True)
     assert rs[0].evicted == 236 * MB and rs[0].resident == 64 * MB
     assert residency.plan(budget=1000 * MB, production_footprint=900 * MB, ranges=rs).moves == [], "it fits now"
 
@@ -222,7 +220,7 @@ def test_residency_restores_with_a_margin():
     rs[1].pending = m
     p = residency.plan(budget=1000 * MB, production_footprint=850 * MB, ranges=rs)
     assert moved(p) == [(100, "restore", 0, 64)]
-    m.done()
-    assert rs[1].evicted == 0
+    m.acknowledged(True)
+    assert rs[1].evicted == 0 and rs[1].pending is None
     p = residency.plan(budget=1000 * MB, production_footprint=930 * MB, ranges=rs)
     assert p.moves == [], "never into the margin"

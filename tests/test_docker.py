@@ -1,7 +1,6 @@
 """docker run --runtime=tgs end to end: a private dockerd, tgsd and simgpu, no GPU."""
 from __future__ import annotations
 
-import json
 import time
 
 import pytest

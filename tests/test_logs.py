@@ -12,4 +12,5 @@ def test_a_repeating_failure_is_logged_once_a_minute_with_what_was_left_out():
     assert r.check("OSError: gone", 60.1) == 0, "a different failure is logged at once"
     r.check("OSError: gone", 60.2)
     assert r.ok() == 1, "when periods work again: how many went unlogged"
+    assert r.ok() is None, "nothing was failing"
     assert r.check("OSError: gone", 60.3) == 0, "and the next failure is logged at once"

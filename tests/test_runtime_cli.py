@@ -8,7 +8,6 @@ from pathlib import Path
 
 import pytest
 
-from tgs_runtime.childd import merge, to_toml
 
 CONTAINER_ID = "c" * 64
 

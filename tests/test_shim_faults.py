@@ -10,7 +10,6 @@ import time
 
 import pytest
 
-from harness.shimside import counters
 from test_simgpu_api import CHECKS
 from tgs_runtime import proto
 from tgs_runtime.workload import Workload

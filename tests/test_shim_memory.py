@@ -10,7 +10,7 @@ import textwrap
 import time
 
 from harness.shimside import counters
-from tgs_runtime import proto, sim
+from tgs_runtime import proto
 from tgs_runtime.workload import Workload
 
 MB = 1 << 20

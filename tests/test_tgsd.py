@@ -14,7 +14,7 @@ import time
 
 import pytest
 
-from tgs_runtime import proto, sim
+from tgs_runtime import sim
 from tgs_runtime.admin import Refused
 from tgs_runtime.workload import Workload
 

@@ -66,17 +66,27 @@ class Via(str, enum.Enum):
 class Job(Protocol):
     def lines(self) -> Iterator[str]: ...           # its stdout, line by line, until it ends
     def finish(self) -> str | None: ...             # None when it succeeded, else why not
+    def stop(self) -> None: ...                     # gone, whatever state it was in
 
 
 @dataclass
 class ProcessJob:
     proc: subprocess.Popen
 
+    @classmethod
+    def start(cls, w: Workload, env: dict[str, str]) -> "ProcessJob":
+        return cls(subprocess.Popen(w.argv(), env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+
     def lines(self) -> Iterator[str]:
         yield from self.proc.stdout
 
     def finish(self) -> str | None:
         return None if self.proc.wait() == 0 else self.proc.stderr.read()[-2000:]
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
 
 
 def _stream(jobs: dict[str, Job], echo: Echo, phase: str) -> dict[str, Report]:
@@ -138,8 +148,7 @@ class Demo:
     def _run(self, phase: str, jobs: Sequence[tuple[str, Workload]],
              start: Callable[[str, str, Workload], Job] | None = None) -> PhaseResult:
         """Runs `jobs` (role, workload) at once; `start` starts one job (a plain process by default)."""
-        start = start or (lambda role, label, w: ProcessJob(subprocess.Popen(
-            w.argv(), env=self._env(label, None), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)))
+        start = start or (lambda role, label, w: ProcessJob.start(w, self._env(label, None)))
         before = self._busy_ns()
         t0 = time.monotonic()
         running: dict[str, Job] = {}
@@ -149,7 +158,7 @@ class Demo:
             summaries = _stream(running, self.echo, phase)
         finally:
             for job in running.values():
-                getattr(job, "remove", lambda: None)()
+                job.stop()
         wall = time.monotonic() - t0
         after = self._busy_ns()
         res = PhaseResult(phase, {role: s.iterations_per_s for role, s in summaries.items()})
@@ -162,11 +171,7 @@ class Demo:
         tgsd = ChildTgsd(config, self.workdir / "tgs.toml", self.workdir / "tgsd.log").start()
         try:
             containers = {role: tgsd.register(role, cid=f"demo-{role}") for role, _ in jobs}
-
-            def start(role: str, label: str, w: Workload) -> Job:
-                return ProcessJob(subprocess.Popen(w.argv(), env=self._env(label, containers[role]),
-                                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
-            return self._run("TGS", jobs, start)
+            return self._run("TGS", jobs, lambda role, label, w: ProcessJob.start(w, self._env(label, containers[role])))
         finally:
             tgsd.close()
 

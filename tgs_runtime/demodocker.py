@@ -120,14 +120,10 @@ class ContainerJob:
             yield buf.decode(errors="replace")
 
     def finish(self) -> str | None:
-        try:
-            code = self.container.wait(timeout=60).get("StatusCode", -1)
-            return None if code == 0 else (f"exit status {code}: "
-                                           + self.container.logs(stdout=False, stderr=True).decode()[-2000:])
-        finally:
-            self.remove()
+        code = self.container.wait(timeout=60).get("StatusCode", -1)
+        return None if code == 0 else f"exit status {code}: " + self.container.logs(stdout=False, stderr=True).decode()[-2000:]
 
-    def remove(self) -> None:
+    def stop(self) -> None:
         try:
             self.container.remove(force=True)
         except Exception:  # already gone

@@ -62,8 +62,10 @@ class RepeatLimiter:
         self.unlogged += 1
         return None
 
-    def ok(self) -> int:
-        """The failures stopped: returns how many went unlogged since the last line."""
-        n = self.unlogged if self.key is not None else 0
-        self.key, self.logged_at, self.unlogged = None, float("-inf"), 0
+    def ok(self) -> int | None:
+        """It worked: None if nothing was failing, else the failures stopped now and this
+        many went unlogged since the last line."""
+        if self.key is None:
+            return None
+        n, self.key, self.logged_at, self.unlogged = self.unlogged, None, float("-inf"), 0
         return n

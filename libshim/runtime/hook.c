@@ -32,19 +32,6 @@ static void fail(const char *fmt, ...) {
     exit(g_strict ? 1 : 0);
 }
 
-static char *read_stdin(size_t *len) {
-    char *buf = malloc(MAX_STATE + 2);
-    size_t n = 0;
-    ssize_t r;
-    while (buf && n <= MAX_STATE && ((r = read(0, buf + n, MAX_STATE + 1 - n)) > 0 || (r < 0 && errno == EINTR)))
-        if (r > 0)
-            n += (size_t)r;
-    if (buf)
-        buf[n] = 0;
-    *len = n;
-    return buf;
-}
-
 int main(int argc, char **argv) {
     const char *config = NULL;
     int i = 1;
@@ -61,7 +48,7 @@ int main(int argc, char **argv) {
     g_strict = strcmp(stage, "poststop") != 0;
 
     size_t len;
-    char *state = read_stdin(&len), id[256], esc[512];
+    char *state = rt_read_fd(0, MAX_STATE + 1, &len), id[256], esc[512];
     const char *pid_text = NULL;
     if (!state || len > MAX_STATE)
         fail("the OCI state on stdin is not usable (larger than %d bytes): expected JSON with id and pid", MAX_STATE);
@@ -69,9 +56,8 @@ int main(int argc, char **argv) {
         fail("the OCI state on stdin is not usable (no container id): expected JSON with id and pid");
     pid_text = rt_json_member(state, "pid");
 
-    int named = config != NULL || (getenv("TGS_CONFIG") && *getenv("TGS_CONFIG"));
-    if (!config)
-        config = named ? getenv("TGS_CONFIG") : RT_DEFAULT_CONFIG;
+    int named;
+    config = rt_config_path(config, &named);
     char *toml = rt_read_file(config, 1 << 20, NULL), state_dir[4096] = RT_DEFAULT_STATE_DIR;
     if (!toml && (named || errno != ENOENT))
         fail("bad TGS config: %s: %s", config, errno == ENOENT ? "no such config file" : strerror(errno));

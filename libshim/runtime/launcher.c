@@ -58,24 +58,25 @@ static void report(const char *msg) {
     int fd = open(g_log, O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0644);
     if (fd < 0)
         return;
-    char line[2048], t[64];
+    char line[16384], t[64];
     time_t now = time(NULL);
     struct tm tm;
     gmtime_r(&now, &tm);
     strftime(t, sizeof t, "%Y-%m-%dT%H:%M:%SZ", &tm);
     int n;
     if (!strcmp(g_log_format, "json")) {
-        char esc[1024];
-        size_t j = 0;
-        for (const char *p = msg; *p && j < sizeof esc - 2; p++) {
-            if (*p == '"' || *p == '\\')
-                esc[j++] = '\\';
-            esc[j++] = *p;
-        }
-        esc[j] = 0;
+        char esc[8192];
+        if (!rt_json_escape(msg, esc, sizeof esc))
+            snprintf(esc, sizeof esc, "(a message too long to log; see stderr)");
         n = snprintf(line, sizeof line, "{\"level\":\"error\",\"msg\":\"tgs-runtime: %s\",\"time\":\"%s\"}\n", esc, t);
     } else {
         n = snprintf(line, sizeof line, "time=\"%s\" level=error msg=\"tgs-runtime: %s\"\n", t, msg);
+    }
+    if (n < 0)
+        n = 0;
+    if ((size_t)n >= sizeof line) { /* cut, but still one line */
+        n = (int)sizeof line - 1;
+        line[n - 1] = '\n';
     }
     if (write(fd, line, (size_t)n) < 0) {
     }
@@ -167,11 +168,8 @@ int main(int argc, char **argv) {
             container_id = a;
         out[n++] = argv[i];
     }
-    if (!tgs_config)
-        tgs_config = getenv("TGS_CONFIG");
-    int named = tgs_config && *tgs_config;
-    if (!tgs_config || !*tgs_config)
-        tgs_config = RT_DEFAULT_CONFIG;
+    int named;
+    tgs_config = rt_config_path(tgs_config, &named);
     char *toml = rt_read_file(tgs_config, 1 << 20, NULL);
     char lower_name[PATH_MAX] = "runc", default_class[32] = "", lower[PATH_MAX], state_dir[PATH_MAX] = RT_DEFAULT_STATE_DIR;
     if (toml) {

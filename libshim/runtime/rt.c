@@ -15,16 +15,13 @@
 
 #define MAX_FRAME (64u << 10)
 
-char *rt_read_file(const char *path, size_t max, size_t *len) {
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0)
-        return NULL;
+char *rt_read_fd(int fd, size_t max, size_t *len) {
     char *buf = malloc(max + 1);
     size_t n = 0;
     ssize_t r;
-    while (buf && n < max && (r = read(fd, buf + n, max - n)) > 0)
-        n += (size_t)r;
-    close(fd);
+    while (buf && n < max && ((r = read(fd, buf + n, max - n)) > 0 || (r < 0 && errno == EINTR)))
+        if (r > 0)
+            n += (size_t)r;
     if (buf) {
         buf[n] = 0;
         if (len)
@@ -33,7 +30,23 @@ char *rt_read_file(const char *path, size_t max, size_t *len) {
     return buf;
 }
 
+char *rt_read_file(const char *path, size_t max, size_t *len) {
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return NULL;
+    char *buf = rt_read_fd(fd, max, len);
+    close(fd);
+    return buf;
+}
+
 /* ---------- config.toml: only the keys the launcher and the hook need ---------- */
+
+const char *rt_config_path(const char *given, int *named) {
+    if (!given || !*given)
+        given = getenv("TGS_CONFIG");
+    *named = given && *given;
+    return *named ? given : RT_DEFAULT_CONFIG;
+}
 
 int rt_config_key(const char *toml, const char *section, const char *key, char *out, size_t cap) {
     int inside = 0;

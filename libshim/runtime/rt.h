@@ -7,7 +7,14 @@
 #define RT_DEFAULT_STATE_DIR "/run/tgs"
 #define RT_ADMIN_SOCKET "tgsd.sock"
 
+/* At most `max` bytes, NUL-terminated (NULL if the file cannot be opened). */
+char *rt_read_fd(int fd, size_t max, size_t *len);
 char *rt_read_file(const char *path, size_t max, size_t *len);
+
+/* The config file: `given` (--tgs-config), else $TGS_CONFIG, else the default; *named says
+ * whether one was named (a named file must exist; a missing default means defaults), as
+ * tgs_runtime.config.load decides. */
+const char *rt_config_path(const char *given, int *named);
 
 /* The first string of `key` in [section] (a string or a list of strings), into out; 1 if found. */
 int rt_config_key(const char *toml, const char *section, const char *key, char *out, size_t cap);

@@ -45,10 +45,12 @@ class Move:
     def ptr(self) -> int:
         return self.range.ptr + self.offset
 
-    def done(self) -> None:
-        """The shim acknowledged it."""
+    def acknowledged(self, ok: bool) -> None:
+        """The shim answered: the range has no order in flight, and its part moved if `ok`."""
         r = self.range
-        r.evicted = r.size - self.offset if self.op == OrderOp.EVICT else r.size - self.offset - self.length
+        r.pending = None
+        if ok:
+            r.evicted = r.size - self.offset if self.op == OrderOp.EVICT else r.size - self.offset - self.length
 
 
 @dataclass(frozen=True)

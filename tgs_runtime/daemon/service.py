@@ -24,8 +24,8 @@ from tgs_runtime.daemon import residency
 from tgs_runtime.daemon.controllers import UNLIMITED, Claimant, Sample, ShareState, make_controller, split
 from tgs_runtime.daemon.gpus import Gpu, GpuError, GpuInventory
 from tgs_runtime.daemon.registry import Container, Phase, Process, load_registration, process_start_time
-from tgs_runtime.runtime import create as createmod
 from tgs_runtime.logs import RepeatLimiter, get as get_logger
+from tgs_runtime.runtime import create as createmod
 
 ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
 GHOST_GRACE_S = 10.0  # after a restart, an activity byte waits this long for its process to reconnect
@@ -476,9 +476,8 @@ class Daemon:
             m = p.pending.pop(msg.order_id, None)
             if m is None:
                 return
-            m.range.pending = None
+            m.acknowledged(msg.status == 0)
             if msg.status == 0:
-                m.done()
                 log.debug("order done", op=m.op.name.lower(), ptr=hex(m.ptr), bytes=msg.bytes,
                           gpu=c.gpus[m.range.gpu_slot])
             else:
@@ -538,8 +537,9 @@ class Daemon:
                     self.log.exception("control period failed", unlogged_repeats=unlogged,
                                        next_repeat_logged_after_s=self._failures.every_s)
             else:
-                if self._failures.key is not None:
-                    self.log.info("control periods work again", unlogged_repeats=self._failures.ok())
+                unlogged = self._failures.ok()
+                if unlogged is not None:
+                    self.log.info("control periods work again", unlogged_repeats=unlogged)
 
     def tick(self) -> None:
         now = time.monotonic()

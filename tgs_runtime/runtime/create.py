@@ -7,6 +7,7 @@ tgs-runtime-create, which then decides exactly and says clearly why a TGS contai
 cannot start. Both go through `set_up`; only how they reserve differs."""
 from __future__ import annotations
 
+import asyncio
 import os
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -66,7 +67,8 @@ async def set_up(cid: str | None, bundle: Path, cfg, reserve: Callable[[str, str
                  release: Callable[[str], Awaitable[None]]) -> str | None:
     """Reserves and edits the container if it asks for TGS; returns its class, or None.
     Raises Failure with the user's message; a failed edit releases the reservation."""
-    asked = ask(bundle, cfg)
+    # file work off the caller's event loop (tgsd's control loop must not wait on an fsync)
+    asked = await asyncio.to_thread(ask, bundle, cfg)
     if asked is None:
         return None
     cls = asked.request.cls
@@ -78,7 +80,7 @@ async def set_up(cid: str | None, bundle: Path, cfg, reserve: Callable[[str, str
         raise Failure(f"tgsd refused this {cls} container: {e}" if e.refused
                       else f"cannot set up TGS for this {cls} container: {e}") from None
     try:
-        edit(asked, reservation, cfg)
+        await asyncio.to_thread(edit, asked, reservation, cfg)
     except BaseException:
         await release(cid)  # nothing is left behind
         raise

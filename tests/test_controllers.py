@@ -152,6 +152,25 @@ def test_a_small_lasting_violation_is_still_cut_within_seconds():
     assert r.budget.rate != UNLIMITED and (i + 1) * DT <= 5.0, "a lasting violation is acted on within 5 s"
 
 
+def test_a_few_percent_of_harm_that_answers_late_is_cut_not_accepted():
+    """Harm that follows the rate with a 1.5 s lag (work queued before a cut still runs):
+    one cut that shows nothing after a second is no proof that production changed."""
+    r = Rig(fast(), harm=0.0)
+    r.run(2, opportunistic=False)
+    while r.run(DT).state != "run":  # the profile
+        pass
+    rates = [UNLIMITED] * 15
+    for _ in range(300):  # 30 s; at full opportunistic rate production is 6 % slower
+        rates.append(r.budget.rate)
+        opp = min(r.capacity, float(rates.pop(0)))
+        r.t += DT
+        prod = r.solo - 0.03 * opp
+        r.budget = r.ctl.step(Sample(r.t, DT, int(prod * DT), int(min(r.capacity, float(r.budget.rate)) * DT), True,
+                                     True))
+    assert r.budget.solo >= 0.97 * r.solo, f"took {r.budget.solo:.0f} blocks/s for production's solo {r.solo:.0f}"
+    assert r.budget.rate != UNLIMITED
+
+
 def test_the_paper_controller_is_slow_and_stepwise():
     cfg = ControlConfig(controller=Controller.TGS_PAPER)
     assert isinstance(make_controller(cfg), PaperController)

@@ -19,9 +19,9 @@ splits the total among the GPU's opportunistic containers. Pure logic: no clocks
   (P above S by 10 % for half a second) or falling (cuts that do not bring P back) triggers
   a new profile. Production launching nothing for half a second lifts the limit at once,
   and its return is profiled (it may be a new job). The first violation lowers the
-  in-flight bound to one kernel instead; if cuts still do not help soon after a profile,
-  production's present progress is taken as its solo progress and the rate goes back to
-  where it was. Decisions every 0.5 s on windows of up to 3 s: it reacts in seconds.
+  in-flight bound to one kernel instead; if cuts still do not help soon after a profile
+  (one cut when P fell far, two when it fell a few percent), production's present
+  progress is taken as its solo progress and the rate goes back to where it was. Decisions every 0.5 s on windows of up to 3 s: it reacts in seconds.
 - `tgs-paper` reproduces the original TGS code's controller for comparison: 5 s samples,
   a profile sample with the opportunistic job paused, slow start (x1.5 per sample), then
   additive increase, 8 % decrease when production falls more than 3 % below its solo
@@ -123,6 +123,7 @@ class FastController:
         self.profile_from = 0.0
         self.violations = 0
         self.violation_p = 0.0  # P when the current run of violations began
+        self.cuts = 0           # rate cuts in the current run of violations
         self.drift_since: float | None = None
         self.profiled_at = float("-inf")
         self.progress = 0.0
@@ -222,8 +223,13 @@ class FastController:
             if self.violations == 0:
                 self.rate_good = self.rate
                 self.violation_p = p
+                self.cuts = 0
             self.violations += 1
-            if self.violations >= 3 and p <= self.violation_p * (1 + tol / 2):
+            # a 30 % cut brings back about 30 % of the harm opportunistic work does: against a
+            # large fall one cut that brings back nothing says enough, against a few percent
+            # it is within the noise (and its effect may not show within a second)
+            proof = 1 if self.violation_p < (1 - 4 * tol) * solo else 2
+            if self.cuts >= proof and p <= self.violation_p * (1 + tol / 2):
                 # what was tried did not help: it is production's own progress that changed
                 if t - self.profiled_at > self.ACCEPT_AFTER_PROFILE_S:
                     self._profile(t)
@@ -238,6 +244,7 @@ class FastController:
                 return self._budget()
             base = o if self.rate == UNLIMITED else min(float(self.rate), max(o, 1.0))
             self._change(t, rate=max(int(base * self.CUT), 1))
+            self.cuts += 1
         else:
             self.violations = 0
             if self.rate != UNLIMITED:

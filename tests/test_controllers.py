@@ -79,6 +79,20 @@ def test_idle_production_frees_opportunistic_within_a_second_and_is_protected_on
     assert b.rate != UNLIMITED and prod >= 0.96 * r.solo, f"production at {prod / r.solo:.3f} once back"
 
 
+def test_a_production_job_after_an_idle_spell_starts_from_no_limit():
+    r = Rig(fast(), harm=0.2)
+    r.run(2, opportunistic=False)
+    assert r.run(15).rate != UNLIMITED, "harm was cut"
+    solo, r.solo = r.solo, 0.0
+    r.run(2)
+    r.solo, r.harm = solo, 0.0  # the next job: opportunistic work does not hurt it
+    while r.run(DT).state != "profile":
+        pass
+    while (b := r.run(DT)).state == "profile":
+        pass
+    assert b.rate == UNLIMITED, "the limit the last job needed is not carried over"
+
+
 def test_no_harm_keeps_opportunistic_free():
     r = Rig(fast(), harm=0.0)
     r.run(2, opportunistic=False)
@@ -169,6 +183,25 @@ def test_a_few_percent_of_harm_that_answers_late_is_cut_not_accepted():
                                      True))
     assert r.budget.solo >= 0.97 * r.solo, f"took {r.budget.solo:.0f} blocks/s for production's solo {r.solo:.0f}"
     assert r.budget.rate != UNLIMITED
+
+
+def test_profiles_of_one_load_are_averaged_and_a_new_load_starts_afresh():
+    """Each profile is off by an iteration (here +-2 %, alternately); their mean is not."""
+    r = Rig(fast(reprofile_s=5))
+    errors, err, first, last_state = iter([1.02, 0.98] * 20), 1.0, None, None
+    for _ in range(600):  # 60 s: a dozen profiles
+        state = r.budget.state if r.budget else None
+        if state == "profile" and last_state != "profile":
+            err = next(errors)
+        last_state = state
+        r.solo = 50_000.0 * (err if state == "profile" else 1.0)
+        b = r.run(DT)
+        first = first or b.solo
+    assert abs(first - 51_000) < 50, "one profile: its own error"
+    assert abs(b.solo - 50_000) <= 250, f"the mean of the profiles: {b.solo:.0f}"
+    r.solo = 80_000.0  # production's load grows: the old profiles do not count
+    b = r.run(8)
+    assert abs(b.solo - 80_000) <= 400, f"after a load change: {b.solo:.0f}"
 
 
 def test_the_paper_controller_is_slow_and_stepwise():

@@ -7,8 +7,11 @@ bound and whether opportunistic launches wait for production. A sharing policy t
 splits the total among the GPU's opportunistic containers. Pure logic: no clocks, no I/O.
 
 - `fast` (the default): production's solo progress S comes from periods when it runs
-  alone, or from a short profile (opportunistic paused, <= 1 s). Opportunistic work starts
-  unthrottled (the shims' gating already keeps it out of production's way); when
+  alone, or from a short profile (opportunistic paused, <= 1 s). A profile knows S only
+  to about one iteration, so the periodic profiles of one run of production are averaged
+  (the last 8, while they agree within 10 %; a load change, an idle spell or an accepted
+  fall starts afresh). Opportunistic work starts unthrottled (the shims' gating already
+  keeps it out of production's way); when
   production's progress P falls below (1 - tolerance) * S, the rate is cut
   multiplicatively and then ramped back while P holds. P is judged over 1-2 s; but a
   marginal violation (P above (1 - 2 * tolerance) * S) that would start cutting counts
@@ -110,12 +113,14 @@ class FastController:
     LOAD_CHANGE = 0.10 # production's own load moved by this much: profile again
     ACCEPT_AFTER_PROFILE_S = 15.0  # cuts that do not help this soon after a profile: accept P
     IDLE_S = 0.5       # production launched nothing this long: it is idle, opportunistic takes all
+    PROFILES_KEPT = 8  # the solo figure is the mean of the last profiles of one load
 
     def __init__(self, cfg: ControlConfig):
         self.cfg = cfg
         self.window = Window(self.WINDOW_S)
         self.phase = Phase.FREE
         self.solo: float | None = None
+        self.profiles: list[float] = []  # of production's present load
         self.rate = UNLIMITED
         self.rate_good = UNLIMITED
         self.changed_at = float("-inf")
@@ -146,6 +151,14 @@ class FastController:
         self.profiled_at = t
         self._change(t, Phase.PROFILE)
 
+    def _profiled(self, p: float) -> None:
+        """A profile knows production's solo progress only to about one of its iterations;
+        profiles of the same load (within LOAD_CHANGE of their mean) are averaged."""
+        mean = sum(self.profiles) / len(self.profiles) if self.profiles else None
+        same = mean is not None and abs(p - mean) <= self.LOAD_CHANGE * mean
+        self.profiles = (self.profiles[-(self.PROFILES_KEPT - 1):] if same else []) + [p]
+        self.solo = sum(self.profiles) / len(self.profiles)
+
     def step(self, s: Sample) -> Budget:
         self.window.add(s)
         t = s.t
@@ -154,7 +167,7 @@ class FastController:
         self.progress = self.window.rates()[0]
         if not s.production:
             if self.phase != Phase.FREE:
-                self.solo = None
+                self.solo, self.profiles = None, []
                 self._change(t, Phase.FREE, UNLIMITED)
             return self._budget()
         if self.phase == Phase.FREE:
@@ -174,7 +187,8 @@ class FastController:
             return self._budget()
         if self.phase == Phase.PROFILE:
             if t - self.profile_from + s.dt > self.cfg.profile_s + 1e-9:
-                self.solo = p if covered > 0 else self.solo
+                if covered > 0:
+                    self._profiled(p)
                 self.violations = 0
                 self.drift_since = None
                 self._change(t, Phase.RUN if s.opportunistic else Phase.SOLO, self.rate_good)
@@ -189,10 +203,12 @@ class FastController:
             if not self.idle:
                 self.idle = True
                 self.violations = 0
+                self.rate_good = UNLIMITED  # what production comes back to starts afresh
                 self._change(t, rate=UNLIMITED)
             return self._budget()
         if self.idle:  # back, perhaps as a new job with a load of its own: measure it
             self.idle = False
+            self.profiles = []
             self._profile(t)
             return self._budget()
         if t - self.decided_at < self.DECIDE_S or covered < self.MIN_DATA_S:
@@ -214,7 +230,7 @@ class FastController:
         if p > solo * (1 + self.LOAD_CHANGE):
             self.drift_since = self.drift_since if self.drift_since is not None else t
             if t - self.drift_since >= 0.5:
-                self.solo = p  # at least this much, until the profile says exactly
+                self.solo, self.profiles = p, []  # at least this much, until the profile says exactly
                 self._profile(t)
                 return self._budget()
         else:
@@ -232,9 +248,11 @@ class FastController:
             if self.cuts >= proof and p <= self.violation_p * (1 + tol / 2):
                 # what was tried did not help: it is production's own progress that changed
                 if t - self.profiled_at > self.ACCEPT_AFTER_PROFILE_S:
+                    self.profiles = []
                     self._profile(t)
                 else:  # just measured: take what production does now as its solo progress
                     self.solo = p
+                    self.profiles = []
                     self.violations = 0
                     self._change(t, rate=self.rate_good)
                 return self._budget()

@@ -147,7 +147,12 @@ class FastController:
         rate = 0 if self.phase == Phase.PROFILE else UNLIMITED if self.phase in (Phase.FREE, Phase.SOLO) else self.rate
         return Budget(rate, self.inflight, self.phase != Phase.FREE, self.phase.value, self.solo, self.progress)
 
-    def _profile(self, t: float) -> None:
+    def _profile(self, t: float, periodic: bool = False) -> None:
+        """Pauses opportunistic work to measure production alone. Only the periodic profile
+        of a run of production keeps the earlier ones to average with: any other comes
+        after a change (a new pair, a return from idle, a load change)."""
+        if not periodic:
+            self.profiles = []
         self.profile_from = t
         self.profiled_at = t
         self._change(t, Phase.PROFILE)
@@ -209,7 +214,6 @@ class FastController:
             return self._budget()
         if self.idle:  # back, perhaps as a new job with a load of its own: measure it
             self.idle = False
-            self.profiles = []
             self._profile(t)
             return self._budget()
         if t - self.decided_at < self.DECIDE_S or covered < self.MIN_DATA_S:
@@ -231,7 +235,7 @@ class FastController:
         if p > solo * (1 + self.LOAD_CHANGE):
             self.drift_since = self.drift_since if self.drift_since is not None else t
             if t - self.drift_since >= 0.5:
-                self.solo, self.profiles = p, []  # at least this much, until the profile says exactly
+                self.solo = p  # at least this much, until the profile says exactly
                 self._profile(t)
                 return self._budget()
         else:
@@ -249,7 +253,6 @@ class FastController:
             if self.cuts >= proof and p <= self.violation_p * (1 + tol / 2):
                 # what was tried did not help: it is production's own progress that changed
                 if t - self.profiled_at > self.ACCEPT_AFTER_PROFILE_S:
-                    self.profiles = []
                     self._profile(t)
                 else:  # just measured: take what production does now as its solo progress
                     self.solo = p
@@ -272,7 +275,7 @@ class FastController:
                 self._change(t, rate=UNLIMITED if new > cap and o < 0.5 * self.rate else new)
                 self.rate_good = self.rate
             if t - self.profiled_at > self.cfg.reprofile_s:
-                self._profile(t)
+                self._profile(t, periodic=True)
         return self._budget()
 
 

@@ -45,12 +45,17 @@ class Move:
     def ptr(self) -> int:
         return self.range.ptr + self.offset
 
+    @property
+    def resident_after(self) -> int:
+        """Bytes of the range on the GPU once this move is done."""
+        return self.offset if self.op == OrderOp.EVICT else self.offset + self.length
+
     def acknowledged(self, ok: bool) -> None:
         """The shim answered: the range has no order in flight, and its part moved if `ok`."""
         r = self.range
         r.pending = None
         if ok:
-            r.evicted = r.size - self.offset if self.op == OrderOp.EVICT else r.size - self.offset - self.length
+            r.evicted = r.size - self.resident_after
 
 
 @dataclass(frozen=True)
@@ -61,10 +66,7 @@ class Plan:
 
 def _on_gpu(r: Range) -> int:
     """Bytes of `r` on the GPU, counting an order in flight where it is going."""
-    if r.pending is None:
-        return r.resident
-    m = r.pending
-    return m.offset if m.op == OrderOp.EVICT else m.offset + m.length
+    return r.resident if r.pending is None else r.pending.resident_after
 
 
 def _down(x: int) -> int:

@@ -3,12 +3,13 @@ samples, no processes."""
 from __future__ import annotations
 
 import collections
+import itertools
 import random
 
 from tgs_runtime.config import ControlConfig, Controller, Share
 from tgs_runtime.daemon import residency
 from tgs_runtime.daemon.controllers import (UNLIMITED, Claimant, FastController, PaperController, Sample, ShareState,
-                                            make_controller, split)
+                                            make_controller, split, take_turns)
 
 DT = 0.1
 
@@ -280,6 +281,78 @@ def test_las_hands_the_gpu_on_when_the_leader_leaves_it_unused():
 def test_tgs_paper_serves_one_job():
     rates = split(Share.FAIR, 1000, claimants(("a", 0, 0, 0), ("b", 0, 0, 0)), ShareState(), 0.05, one_only=True)
     assert rates == {"a": 1000, "b": 0}
+
+
+def turns_over(shares, seconds, total=30_000, st=None):
+    """Who launches in each 100 ms period, and the seconds of turn each got."""
+    st = st or ShareState()
+    got, holders = collections.Counter(), []
+    for _ in range(round(seconds / DT)):
+        rates = take_turns(st, shares, total, DT)
+        launching = [k for k, v in rates.items() if v > 0]
+        assert len(launching) == 1 and rates[launching[0]] == total, rates
+        got[launching[0]] += DT
+        holders.append(launching[0])
+    return got, holders
+
+
+def test_behind_production_one_container_launches_at_a_time_and_fair_shares_hold():
+    got, holders = turns_over({"a": 10_000, "b": 10_000, "c": 10_000}, 6.0)
+    assert all(1.8 <= got[k] <= 2.2 for k in "abc"), got
+    runs = [len(list(g)) for _, g in itertools.groupby(holders)]
+    assert min(runs[:-1]) >= 2, "a turn lasts at least 0.2 s"
+    assert max(runs) <= 3, "and no container waits long for the next"
+
+
+def test_turns_follow_unequal_shares_and_unlimited_ones():
+    got, _ = turns_over({"leader": 27_000, "x": 1_500, "y": 1_500}, 20.0)
+    assert got["leader"] >= 0.85 * 20 and got["x"] >= 0.03 * 20 and got["y"] >= 0.03 * 20, got
+    st = ShareState(peak=60_000.0)  # LAS while the total is unlimited: the leader unlimited, the rest 5 %
+    got, _ = turns_over({"leader": UNLIMITED, "x": 3_000, "y": 3_000}, 20.0, total=UNLIMITED, st=st)
+    assert got["leader"] >= 0.85 * 20 and got["x"] >= 0.03 * 20, got
+
+
+def test_a_container_that_needs_little_launches_beside_the_turns_and_gets_what_it_needs():
+    """Fair split of 30,000 blocks/s: two GPU-bound containers and one that can use only
+    2,000 (CPU-bound). Turns must not starve the light one (judged while it waited, or
+    given turns in proportion to what it used, it would shrink to nothing)."""
+    st, total, need = ShareState(), 30_000, {"a": 10**9, "b": 10**9, "light": 2_000}
+    achieved, share = {k: 0.0 for k in need}, {k: UNLIMITED for k in need}
+
+    def run(seconds):
+        nonlocal share
+        used, together = collections.Counter(), 0
+        for i in range(round(seconds / DT)):
+            share = split(Share.FAIR, total, claimants(*[(k, 0, achieved[k], share[k]) for k in need]), st, 0.05)
+            rates = take_turns(st, share, total, DT)
+            for k in need:
+                achieved[k] = 0.7 * achieved[k] + 0.3 * min(rates[k], need[k])
+                if i >= 50:
+                    used[k] += min(rates[k], need[k]) * DT
+            together += rates["a"] > 0 and rates["b"] > 0
+        return used, together
+
+    used, together = run(25.0)
+    assert used["light"] >= 0.9 * 2_000 * 20, used
+    assert 0.4 <= used["a"] / (used["a"] + used["b"]) <= 0.6, used
+    assert together == 0, "the GPU-bound ones never launch at once"
+    need["light"] = 10**9  # it turns GPU-bound: within a few seconds it takes its turns
+    used, together = run(25.0)
+    assert all(0.25 <= used[k] / sum(used.values()) <= 0.42 for k in need), used
+    assert together == 0
+
+
+def test_turns_need_two_claimants_and_forget_those_that_left():
+    st = ShareState()
+    assert take_turns(st, {"a": 5_000}, 5_000, DT) == {"a": 5_000}
+    assert take_turns(st, {"a": 0, "b": 0}, 0, DT) == {"a": 0, "b": 0}, "a profile pauses everyone"
+    take_turns(st, {"a": 5_000, "b": 5_000}, 10_000, DT)
+    holder = st.turn.holder
+    other = "b" if holder == "a" else "a"
+    assert take_turns(st, {other: 5_000, "c": 5_000}, 10_000, DT)[other] in (0, 10_000)
+    assert holder not in st.turn.owed, "a container that left is owed nothing"
+    rates = take_turns(st, {other: 5_000, "c": 5_000}, 10_000, DT)
+    assert sorted(rates.values()) == [0, 10_000], "the GPU is never left without a holder"
 
 
 MB = 1 << 20

@@ -106,6 +106,32 @@ def test_two_opportunistic_containers_share(simgpu, tgsd, libshim, share):
         assert got["second"] > 2 * got["first"], f"las favours the one with less attained service: {got}"
 
 
+def test_behind_production_opportunistic_containers_take_turns(simgpu, tgsd, libshim):
+    """Three opportunistic containers beside production: one launches at a time (else
+    production waits behind all their kernels), and over a few seconds each gets about
+    its fair part of the engine."""
+    d = tgsd('[control]\nshare = "fair"\n')
+    prod = d.register("production")
+    opps = [d.register("opportunistic") for _ in range(3)]
+    p = simgpu.workload(HALF, "prod", prod.env(libshim.shim))
+    jobs = [simgpu.workload(HOG, f"opp{i}", o.env(libshim.shim)) for i, o in enumerate(opps)]
+    simgpu.wait_for_contexts(["prod", "opp0", "opp1", "opp2"])
+    time.sleep(2)
+    before, launching = simgpu.status(), []
+    for _ in range(30):
+        members = [c for c in d.status()["gpus"][0]["containers"] if c["class"] == "opportunistic"]
+        launching.append(sum(1 for c in members if c["budget_blocks_per_s"] != 0))
+        assert sum(1 for c in members if c["turn"]) <= 1
+        time.sleep(0.1)
+    got = sim.busy_between(before, simgpu.status())
+    for x in (p, *jobs):
+        x.kill()
+    assert max(launching) <= 1, f"opportunistic containers allowed to launch at once: {launching}"
+    opp = [got[f"opp{i}"] for i in range(3)]
+    assert sum(opp) > 0.3, f"opportunistic work got {sum(opp):.2f}s of the engine in 3s"
+    assert min(opp) >= 0.15 * sum(opp), f"each takes its turns: {opp}"
+
+
 def test_memory_oversubscription_protects_production(simgpu, tgsd, libshim):
     simgpu.memory = "2G"
     d = tgsd()

@@ -4,7 +4,8 @@ Every control period the daemon feeds a controller one Sample (the thread blocks
 production and opportunistic containers launched on the GPU in that period) and gets
 the GPU's opportunistic budget back: a total rate in blocks per second, the in-flight
 bound and whether opportunistic launches wait for production. A sharing policy then
-splits the total among the GPU's opportunistic containers. Pure logic: no clocks, no I/O.
+splits the total among the GPU's opportunistic containers, and behind production they
+take turns at it (`take_turns`). Pure logic: no clocks, no I/O.
 
 - `fast` (the default): production's solo progress S comes from periods when it runs
   alone, or from a short profile (opportunistic paused, <= 1 s). A profile knows S
@@ -358,22 +359,39 @@ class Claimant:
 
 
 @dataclass
+class Turn:
+    holder: str | None = None  # the container whose turn it is
+    held_s: float = 0.0        # how long it has held it
+    owed: dict[str, float] = field(default_factory=dict)  # seconds of turn each container is owed
+    paused: set[str] = field(default_factory=set)  # waiting for their turn in the last period
+
+
+@dataclass
 class ShareState:
     las_leader: str | None = None
     underuse: dict[str, int] = field(default_factory=dict)  # periods in a row a container used < half its budget
     peak: float = 0.0        # the most opportunistic work the GPU has been seen to take, blocks/s
+    turn: Turn = field(default_factory=Turn)
 
 
 UNDERUSE_PERIODS = 10  # a container is known to need less after this many periods (about a second)
+LIGHT_STAYS = 0.75     # and stays known so while it uses less than this part of what it is given
+                       # (given twice what it uses, a growing job's part tends to 0.65; one that
+                       # has reached its fair part uses all of it)
 PEAK_DECAY = 0.999     # per period: what the GPU took long ago counts for less
 
 
 def _observe(state: ShareState, claimants: list[Claimant]) -> None:
     """Counts the periods each container has used less than half of what it was given (an
-    unlimited budget counts as all the GPU has been seen to take)."""
+    unlimited budget counts as all the GPU has been seen to take). A container that waited
+    for its turn is not judged on that period; one that held it is judged against its
+    share, of which it then uses several times over if it can."""
     for c in claimants:
+        if c.id in state.turn.paused:
+            continue
         given = state.peak if c.budget == UNLIMITED else c.budget
-        low = given > 0 and c.achieved < 0.5 * given
+        known = state.underuse.get(c.id, 0) >= UNDERUSE_PERIODS
+        low = given > 0 and c.achieved < (LIGHT_STAYS if known else 0.5) * given
         state.underuse[c.id] = state.underuse.get(c.id, 0) + 1 if low else 0
     for gone in set(state.underuse) - {c.id for c in claimants}:
         del state.underuse[gone]
@@ -381,8 +399,8 @@ def _observe(state: ShareState, claimants: list[Claimant]) -> None:
 
 def _demand_of(state: ShareState):
     """What a container could use: unlimited, unless it has used less than half of what it
-    was given for a second (then twice what it uses): a newcomer or a ramping job is never
-    judged on its first moments."""
+    was given for a second (then twice what it uses, until it uses three quarters of
+    that): a newcomer or a ramping job is never judged on its first moments."""
     def demand(c: Claimant) -> float:
         if state.underuse.get(c.id, 0) >= UNDERUSE_PERIODS:
             return c.achieved * 2.0 + 1.0
@@ -471,3 +489,44 @@ def _las_unlimited(order: list[Claimant], seen: float, min_share: float, demand)
         out[c.id] = UNLIMITED if room > 0 else floor
         room -= demand(c)
     return out
+
+
+TURN_S = 0.2      # a turn lasts at least this long before the next container may take it
+OWED_MAX_S = 1.0  # no container is owed (or owes) more than this
+
+
+def take_turns(state: ShareState, shares: dict[str, int], total: int, dt: float) -> dict[str, int]:
+    """While production is on the GPU, opportunistic containers launch in turns: one at a
+    time, with the GPU's budget, so that production waits behind at most one container's
+    in-flight bound however many there are (each container's own bound is per process:
+    three containers launching at once put three kernels ahead of production, and the
+    multi bench's production fell to 0.95 of its solo progress). Each container is owed
+    turn time in proportion to its share (deficit round robin), so over a few turns the
+    split is the policy's. A container known to use less than its share (see
+    `_demand_of`) takes no turns: it launches beside the holder at its share, which turns
+    would otherwise shrink to nothing. Returns the rates to write: the budget left after
+    those for the holder, 0 for the others waiting; `shares` unchanged when fewer than
+    two take turns."""
+    t = state.turn
+    light = {k for k, v in shares.items() if state.underuse.get(k, 0) >= UNDERUSE_PERIODS and v != UNLIMITED}
+    weight = {k: (state.peak or 1.0) if v == UNLIMITED else float(v) for k, v in shares.items()
+              if v > 0 and k not in light}
+    for gone in set(t.owed) - set(weight):
+        del t.owed[gone]
+    if len(weight) < 2:
+        state.turn = Turn()
+        return shares
+    whole = sum(weight.values())
+    for k, w in weight.items():
+        t.owed[k] = t.owed.get(k, 0.0) + dt * w / whole
+    if t.holder in weight:
+        t.owed[t.holder] -= dt
+        t.held_s += dt
+    for k in t.owed:
+        t.owed[k] = min(max(t.owed[k], -OWED_MAX_S), OWED_MAX_S)
+    most = max(weight, key=lambda k: t.owed[k])
+    if t.holder not in weight or (t.held_s >= TURN_S - 1e-9 and t.owed[most] > t.owed[t.holder]):
+        t.holder, t.held_s = most, 0.0
+    t.paused = set(weight) - {t.holder}
+    rest = total if total == UNLIMITED else max(total - sum(shares[k] for k in light), 1)
+    return {k: rest if k == t.holder else 0 if k in t.paused else v for k, v in shares.items()}

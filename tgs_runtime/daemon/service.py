@@ -21,7 +21,8 @@ from tgs_runtime import __version__, config as configmod, framing, proto
 from tgs_runtime.config import Config, ConfigError, Controller
 from tgs_runtime.control import ActivityFile, ControlBlock, ControlFileError, StatePaths
 from tgs_runtime.daemon import residency
-from tgs_runtime.daemon.controllers import UNLIMITED, Claimant, Sample, ShareState, make_controller, split
+from tgs_runtime.daemon.controllers import (UNLIMITED, Claimant, Sample, ShareState, make_controller, split,
+                                            take_turns)
 from tgs_runtime.daemon.gpus import Gpu, GpuError, GpuInventory
 from tgs_runtime.daemon.registry import Container, Phase, Process, load_registration, process_start_time
 from tgs_runtime.logs import RepeatLimiter, get as get_logger
@@ -593,21 +594,29 @@ class Daemon:
                            shares={k: _rate_text(v) for k, v in rates.items()})
         st.last = {"state": budget.state, "rate": budget.rate, "solo": budget.solo, "progress": budget.progress,
                    "inflight": budget.inflight, "gate": budget.gate}
+        # behind production, one container launches at a time; without it, all at once
+        turns = take_turns(st.share, rates, budget.rate, dt) if budget.gate else rates
         for c, slot in opp:
-            self._write_opportunistic(c, slot, rates.get(c.id, budget.rate), budget.inflight, budget.gate, st)
+            share = rates.get(c.id, budget.rate)
+            self._write_opportunistic(c, slot, share, budget.inflight, budget.gate, st, rate=turns.get(c.id, share))
         for c, slot in prod:
             c.control.set_budget(slot, rate=UNLIMITED, gate=False, inflight=0, quota=0, view_total=st.budget_bytes)
         self._memory(st, prod, opp)
 
-    def _write_opportunistic(self, c: Container, slot: int, rate: int, inflight: int, gate: bool, st: GpuState) -> None:
+    def _write_opportunistic(self, c: Container, slot: int, share: int, inflight: int, gate: bool, st: GpuState,
+                             rate: int | None = None) -> None:
+        """`share` is the container's part of the GPU's budget; `rate`, what it may launch at
+        now when it takes turns (the budget while it holds the turn, nothing while it
+        waits). The floor the shim slides to if tgsd goes away comes from the share."""
         cc = self.cfg.control
-        finite = rate if rate != UNLIMITED else int(c.achieved[slot])
+        rate = share if rate is None else rate
+        finite = share if share != UNLIMITED else int(c.achieved[slot])
         floor = max(int(finite * cc.floor_fraction), 1) if cc.floor_fraction > 0 else 0
         burst = 0 if rate == UNLIMITED else max(int(rate * cc.burst_ms / 1000), 1)
         quota = self.cfg.memory.opportunistic_quota.of(st.budget_bytes)
         c.control.set_budget(slot, rate=rate, burst=burst, floor=floor, inflight=inflight, gate=gate, quota=quota,
                              view_total=quota)
-        c.budget[slot] = rate
+        c.budget[slot] = share
 
     def _write_budgets(self, c: Container) -> None:
         """A new container's budgets until the controller's next period: production free,
@@ -668,6 +677,8 @@ class Daemon:
                     "id": c.id, "class": c.label, "phase": c.phase.value, "processes": len(c.processes),
                     "budget_blocks_per_s": None if b.rate_blocks_per_s == UNLIMITED else b.rate_blocks_per_s,
                     "inflight_max": b.inflight_max, "gated": bool(b.flags & proto.GPU_GATE),
+                    "turn": None if st.share.turn.holder is None or c.cls == proto.Class.PRODUCTION
+                    else st.share.turn.holder == c.id,
                     "progress_blocks_per_s": round(c.achieved[slot], 1), "launches": ctr.launches,
                     "attained_blocks": ctr.blocks, "throttled_s": round(ctr.throttled_ns / 1e9, 3),
                     "memory": {"footprint": c.footprint(slot), "quota": b.mem_quota_bytes or None,

@@ -63,6 +63,35 @@ def test_production_keeps_its_engine_beside_a_budgeted_opportunistic_job(simgpu,
     assert counters(prod)["launches"] > 0 and counters(prod)["throttled_ns"] == 0, "production is never throttled"
 
 
+def test_production_marks_each_iteration_start_for_tgsd_to_time(simgpu, container, libshim):
+    """The first launch after a completed synchronisation marks an iteration's start with
+    the blocks launched before it: whole iterations lie between two marks, so tgsd times
+    production's progress exactly."""
+    prod = container(proto.Class.PRODUCTION, "prod")
+    assert prod.control.iteration_mark(0) is None, "nothing marked before the first launch"
+    p = simgpu.workload(HALF, "prod", prod.env(libshim.shim))
+    simgpu.wait_for_contexts(["prod"])
+    time.sleep(0.5)
+    a, start = sim.contexts(simgpu.status())["prod"], time.monotonic()
+    marks = []
+    for _ in range(40):
+        m = prod.control.iteration_mark(0)
+        if m and (not marks or m != marks[-1]):
+            marks.append(m)
+        time.sleep(0.05)
+    b, end = sim.contexts(simgpu.status())["prod"], time.monotonic()
+    p.wait()
+    per_iteration = HALF.kernels * BLOCKS
+    assert len(marks) >= 20 and all(blocks % per_iteration == 0 for _, blocks in marks), marks[:5]
+    (t0, b0), (t1, b1) = marks[0], marks[-1]
+    assert abs(t1 / 1e9 - end) < 1.0, "the mark's clock is tgsd's (CLOCK_MONOTONIC)"
+    timed = (b1 - b0) / ((t1 - t0) / 1e9)
+    counted = (b["kernels"] - a["kernels"]) * BLOCKS / (end - start)
+    pace = per_iteration * 1e6 / (HALF.kernel_us * HALF.kernels + HALF.gap_us)
+    assert 0.9 * counted <= timed <= 1.1 * counted, (timed, counted)
+    assert timed <= 1.01 * pace, f"{timed:.0f} blocks/s: faster than the job's own pace, {pace:.0f}"
+
+
 def test_eight_threads_share_one_budget(simgpu, container, libshim, c_programs):
     c = container(proto.Class.OPPORTUNISTIC)
     c.control.set_budget(0, rate=BLOCKS * 200, burst=BLOCKS * 2)

@@ -114,7 +114,14 @@ struct tgs_gpu_counters { /* written by the shims, read by tgsd; one cache line 
     uint64_t vmm_bytes;      /* part of it from cuMemCreate (never evicted) */
     uint64_t evicted_bytes;  /* moved to the host on tgsd's orders */
     uint64_t restored_bytes; /* moved back */
-    uint64_t reserved[6];
+    /* Production: its latest iteration start (the first launch since a completed
+     * synchronisation), so that tgsd can time progress from one iteration to another
+     * instead of counting a window's blocks. A seqlock: mark_seq is odd while a shim writes,
+     * and 0 while nothing was marked. */
+    uint64_t mark_seq;
+    uint64_t mark_ns;        /* CLOCK_MONOTONIC of that launch */
+    uint64_t mark_blocks;    /* `blocks` just before it */
+    uint64_t reserved[3];
 };
 
 struct tgs_shim_part {

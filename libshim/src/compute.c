@@ -17,6 +17,20 @@
 
 /* ---------- production activity ---------- */
 
+/* An iteration starts (the first launch since a completed synchronisation): tell tgsd
+ * when, and how many blocks came before it. Timed from one iteration start to another,
+ * production's progress is exact; a window's block count is off by up to an iteration.
+ * A writer that finds another one writing leaves the mark to it. */
+static void mark_iteration(struct tgs_gpu *g) {
+    struct tgs_gpu_counters *c = g->ctr;
+    uint64_t seq = __atomic_load_n(&c->mark_seq, __ATOMIC_RELAXED);
+    if ((seq & 1) || !__atomic_compare_exchange_n(&c->mark_seq, &seq, seq + 1, 0, __ATOMIC_ACQUIRE, __ATOMIC_RELAXED))
+        return;
+    __atomic_store_n(&c->mark_ns, tgs_now(), __ATOMIC_RELAXED);
+    __atomic_store_n(&c->mark_blocks, __atomic_load_n(&c->blocks, __ATOMIC_RELAXED), __ATOMIC_RELAXED);
+    __atomic_store_n(&c->mark_seq, seq + 2, __ATOMIC_RELEASE);
+}
+
 static void mark_busy(struct tgs_gpu *g) {
     if (__atomic_load_n(&g->busy_marked, __ATOMIC_RELAXED) || !g->activity_rw)
         return;
@@ -25,6 +39,7 @@ static void mark_busy(struct tgs_gpu *g) {
         return;
     g->activity_rw[slot] = 1;
     __atomic_store_n(&g->busy_marked, 1, __ATOMIC_RELAXED);
+    mark_iteration(g);
 }
 
 void tgs_production_idle(struct tgs_gpu *g) {

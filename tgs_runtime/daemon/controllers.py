@@ -8,10 +8,11 @@ splits the total among the GPU's opportunistic containers, and behind production
 take turns at it (`take_turns`). Pure logic: no clocks, no I/O.
 
 - `fast` (the default): production's solo progress S comes from periods when it runs
-  alone, or from a short profile (opportunistic paused, <= 1 s). A profile knows S
-  only to about one iteration, so the periodic profiles of one run of production are
-  averaged (the last 8, while they agree within 10 %; a load change, an idle spell or
-  an accepted fall starts afresh). Opportunistic work starts unthrottled (the shims'
+  alone, or from a short profile (opportunistic paused, <= 1 s). Progress is timed from
+  iteration start to iteration start where the shim marks them (see `Window`), else
+  counted, which knows S only to about one iteration; the periodic profiles of one run
+  of production are averaged (the last 8, while they agree within 10 %; a load change,
+  an idle spell or an accepted fall starts afresh). Opportunistic work starts unthrottled (the shims'
   gating already keeps it out of production's way); when production's progress P falls
   below (1 - tolerance) * S, the rate is cut multiplicatively and then ramped back
   while P holds. P is judged over 1-2 s; but a marginal violation (P above (1 - 2 *
@@ -45,6 +46,14 @@ UNLIMITED = RATE_UNLIMITED
 
 
 @dataclass(frozen=True)
+class Mark:
+    """The start of one of production's iterations, as its shim marked it."""
+    source: str   # the production container
+    t: float      # monotonic seconds
+    blocks: int   # the container's production blocks launched before it
+
+
+@dataclass(frozen=True)
 class Sample:
     t: float                   # monotonic seconds at the end of the period
     dt: float                  # the period's length
@@ -52,6 +61,7 @@ class Sample:
     opportunistic_blocks: int  # launched by opportunistic containers
     production: bool           # a production container is attached to the GPU
     opportunistic: bool        # an opportunistic container is
+    mark: Mark | None = None   # production's latest iteration start (one production container only)
 
 
 @dataclass(frozen=True)
@@ -65,34 +75,53 @@ class Budget:
 
 
 class Window:
-    """(t, dt, production blocks, opportunistic blocks) over the last `span` seconds."""
+    """The samples of the last `span` seconds. Production's progress over a stretch is
+    timed from its first iteration start in it to its last when the shim marks them and
+    they span most of it (exact, where counting a stretch's blocks is off by up to one
+    iteration: 2 % of a second of a 50 it/s job, far more of a PyTorch job's few
+    iterations per second); otherwise it is the blocks counted over the stretch."""
+    TIMED_SPAN = 0.5  # iteration starts must span this part of the stretch
 
     def __init__(self, span: float):
         self.span = span
-        self.items: collections.deque[tuple[float, float, int, int]] = collections.deque()
+        self.items: collections.deque[Sample] = collections.deque()
 
     def add(self, s: Sample) -> None:
-        self.items.append((s.t, s.dt, s.production_blocks, s.opportunistic_blocks))
-        while self.items and self.items[0][0] <= s.t - self.span:
+        self.items.append(s)
+        while self.items and self.items[0].t <= s.t - self.span:
             self.items.popleft()
 
     def rates(self, since: float = float("-inf")) -> tuple[float, float, float]:
         """(production blocks/s, opportunistic blocks/s, seconds covered) after `since`."""
         dt = p = o = 0.0
-        for t, d, pb, ob in self.items:
-            if t - d >= since - 1e-9:
-                dt += d
-                p += pb
-                o += ob
-        return (p / dt, o / dt, dt) if dt > 0 else (0.0, 0.0, 0.0)
+        for s in self.items:
+            if s.t - s.dt >= since - 1e-9:
+                dt += s.dt
+                p += s.production_blocks
+                o += s.opportunistic_blocks
+        if dt <= 0:
+            return 0.0, 0.0, 0.0
+        timed = self._timed(since, dt)
+        return (p / dt if timed is None else timed), o / dt, dt
+
+    def _timed(self, since: float, covered: float) -> float | None:
+        marks = [s.mark for s in self.items if s.mark is not None and s.mark.t >= since - 1e-9]
+        if not marks:
+            return None
+        last = marks[-1]
+        first = next(m for m in marks if m.source == last.source)
+        span = last.t - first.t
+        if span < self.TIMED_SPAN * covered or last.blocks <= first.blocks:
+            return None
+        return (last.blocks - first.blocks) / span
 
     def quiet_s(self) -> float:
         """Seconds at the end of the window in which production launched nothing."""
         quiet = 0.0
-        for _t, d, pb, _ob in reversed(self.items):
-            if pb:
+        for s in reversed(self.items):
+            if s.production_blocks:
                 break
-            quiet += d
+            quiet += s.dt
         return quiet
 
 

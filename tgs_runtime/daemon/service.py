@@ -21,8 +21,8 @@ from tgs_runtime import __version__, config as configmod, framing, proto
 from tgs_runtime.config import Config, ConfigError, Controller
 from tgs_runtime.control import ActivityFile, ControlBlock, ControlFileError, StatePaths
 from tgs_runtime.daemon import residency
-from tgs_runtime.daemon.controllers import (UNLIMITED, Claimant, Sample, ShareState, make_controller, split,
-                                            take_turns)
+from tgs_runtime.daemon.controllers import (UNLIMITED, Claimant, Mark, Sample, ShareState, make_controller,
+                                            split, take_turns)
 from tgs_runtime.daemon.gpus import Gpu, GpuError, GpuInventory
 from tgs_runtime.daemon.registry import Container, Phase, Process, load_registration, process_start_time
 from tgs_runtime.logs import RepeatLimiter, get as get_logger
@@ -583,7 +583,7 @@ class Daemon:
                 opp_blocks += delta
         prod = [(c, s) for c, s in members if c.cls == proto.Class.PRODUCTION]
         opp = [(c, s) for c, s in members if c.cls == proto.Class.OPPORTUNISTIC]
-        budget = st.controller.step(Sample(now, dt, prod_blocks, opp_blocks, bool(prod), bool(opp)))
+        budget = st.controller.step(Sample(now, dt, prod_blocks, opp_blocks, bool(prod), bool(opp), _mark(prod)))
         # a container none of whose processes has connected yet does not take part in the split
         claimants = [Claimant(c.id, c.attained(), c.achieved[s], c.budget[s], c.order) for c, s in opp if c.processes]
         rates = split(self.cfg.control.share, budget.rate, claimants, st.share, self.cfg.control.las_min_share,
@@ -700,6 +700,15 @@ class Daemon:
                                          "controller": self.cfg.control.controller.value, "share": self.cfg.control.share.value,
                                          "config": str(self.cfg.path) if self.cfg.path else None},
                 "gpus": gpus}
+
+
+def _mark(prod) -> Mark | None:
+    """The production container's latest iteration start, when it is alone on the GPU."""
+    if len(prod) != 1:
+        return None
+    c, slot = prod[0]
+    m = c.control.iteration_mark(slot)
+    return None if m is None else Mark(c.id, m[0] / 1e9, m[1])
 
 
 def _rate_text(rate: int) -> str:

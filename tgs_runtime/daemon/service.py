@@ -21,8 +21,8 @@ from tgs_runtime import __version__, config as configmod, framing, proto
 from tgs_runtime.config import Config, ConfigError, Controller
 from tgs_runtime.control import ActivityFile, ControlBlock, ControlFileError, StatePaths
 from tgs_runtime.daemon import residency
-from tgs_runtime.daemon.controllers import (UNLIMITED, Claimant, Mark, Sample, ShareState, make_controller,
-                                            split, take_turns)
+from tgs_runtime.daemon.controllers import (UNLIMITED, Claimant, Mark, Sample, ShareState, Turn,
+                                            make_controller, split, take_turns)
 from tgs_runtime.daemon.gpus import Gpu, GpuError, GpuInventory
 from tgs_runtime.daemon.registry import Container, Phase, Process, load_registration, process_start_time
 from tgs_runtime.logs import RepeatLimiter, get as get_logger
@@ -594,11 +594,17 @@ class Daemon:
                            shares={k: _rate_text(v) for k, v in rates.items()})
         st.last = {"state": budget.state, "rate": budget.rate, "solo": budget.solo, "progress": budget.progress,
                    "inflight": budget.inflight, "gate": budget.gate}
-        # behind production, one container launches at a time; without it, all at once
-        turns = take_turns(st.share, rates, budget.rate, dt) if budget.gate else rates
+        # behind production, one container launches at a time (one whose processes are yet
+        # to connect waits for its turn too); without production, all at once
+        if budget.gate:
+            turns = take_turns(st.share, rates, budget.rate, dt)
+        else:
+            st.share.turn, turns = Turn(), rates
+        taking_turns = st.share.turn.holder is not None
         for c, slot in opp:
             share = rates.get(c.id, budget.rate)
-            self._write_opportunistic(c, slot, share, budget.inflight, budget.gate, st, rate=turns.get(c.id, share))
+            rate = turns.get(c.id, 0 if taking_turns else share)
+            self._write_opportunistic(c, slot, share, budget.inflight, budget.gate, st, rate=rate)
         for c, slot in prod:
             c.control.set_budget(slot, rate=UNLIMITED, gate=False, inflight=0, quota=0, view_total=st.budget_bytes)
         self._memory(st, prod, opp)
@@ -619,15 +625,18 @@ class Daemon:
         c.budget[slot] = share
 
     def _write_budgets(self, c: Container) -> None:
-        """A new container's budgets until the controller's next period: production free,
-        opportunistic paused behind production when there is some."""
+        """A new container's budgets until the controller's next period: production free;
+        opportunistic gated behind production when there is some, under the GPU's present
+        rate and in-flight bound, and waiting while others take turns."""
         for slot, uuid in enumerate(c.gpus):
             st = self.gpus[uuid]
             if c.cls == proto.Class.PRODUCTION:
                 c.control.set_budget(slot, rate=UNLIMITED, gate=False, inflight=0, view_total=st.budget_bytes)
             else:
-                self._write_opportunistic(c, slot, st.last.get("rate", UNLIMITED), self.cfg.control.inflight,
-                                          st.last.get("gate", True), st)
+                share = st.last.get("rate", UNLIMITED)
+                self._write_opportunistic(c, slot, share, st.last.get("inflight", self.cfg.control.inflight),
+                                          st.last.get("gate", True), st,
+                                          rate=0 if st.share.turn.holder is not None else share)
 
     def _memory(self, st: GpuState, prod, opp) -> None:
         if not self.cfg.memory.orders:

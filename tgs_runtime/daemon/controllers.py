@@ -12,22 +12,23 @@ take turns at it (`take_turns`). Pure logic: no clocks, no I/O.
   iteration start to iteration start where the shim marks them (see `Window`), else
   counted, which knows S only to about one iteration; the periodic profiles of one run
   of production are averaged (the last 8, while they agree within 10 %; a load change,
-  an idle spell or an accepted fall starts afresh). Opportunistic work starts unthrottled (the shims'
-  gating already keeps it out of production's way); when production's progress P falls
-  below (1 - tolerance) * S, the rate is cut multiplicatively and then ramped back
-  while P holds. P is judged over 1-2 s; but a marginal violation (P above (1 - 2 *
-  tolerance) * S) that would start cutting counts only when 2.5-3 s of data show it: a
-  second's progress is known only to about one iteration, and sharing's own small cost
-  (production waiting behind one opportunistic kernel) can sit just inside the
-  tolerance, so a short window takes noise for harm (the isolation bench's 75 % duty
-  lost a fifth of its idle time to that). Production's own load growing (P above S by
-  10 % for half a second) or falling (cuts that do not bring P back) triggers a new
-  profile. Production launching nothing for half a second lifts the limit at once, and
-  its return is profiled (it may be a new job). The first violation lowers the
-  in-flight bound to one kernel instead; if cuts still do not help soon after a
-  profile (one cut when P fell far, two when it fell a few percent), production's
-  present progress is taken as its solo progress and the rate goes back to where it
-  was. Decisions every 0.5 s on windows of up to 3 s: it reacts in seconds.
+  an idle spell or an accepted fall starts afresh). Opportunistic work starts
+  unthrottled (the shims' gating already keeps it out of production's way); when
+  production's progress P falls below (1 - tolerance) * S, the rate is cut
+  multiplicatively and then ramped back while P holds. P is judged over 1-2 s; but a
+  marginal violation (P above (1 - 2 * tolerance) * S) that would start cutting counts
+  only when 2.5-3 s of data show it: counted, a second's progress is known only to about
+  one iteration, and sharing's own small cost (production waiting behind one
+  opportunistic kernel) can sit just inside the tolerance, so a short window takes noise
+  for harm (the isolation bench's 75 % duty lost a fifth of its idle time to that).
+  Production's own load growing (P above S by 10 % for half a second) or falling (cuts
+  that do not bring P back) triggers a new profile. Production launching nothing for
+  half a second lifts the limit at once, and its return is profiled (it may be a new
+  job). The first violation lowers the in-flight bound to one kernel instead; if cuts
+  still do not help soon after a profile (one cut when P fell far, two when it fell a
+  few percent), production's present progress is taken as its solo progress and the rate
+  goes back to where it was. Decisions every 0.5 s on windows of up to 3 s: it reacts in
+  seconds.
 - `tgs-paper` reproduces the original TGS code's controller for comparison: 5 s samples,
   a profile sample with the opportunistic job paused, slow start (x1.5 per sample), then
   additive increase, 8 % decrease when production falls more than 3 % below its solo

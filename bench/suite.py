@@ -61,6 +61,13 @@ def bench_argv(name: str, quick: bool) -> list[str]:
     return [sys.executable, "-m", "tgs_runtime", "bench", name] + (["--quick"] if quick else [])
 
 
+def _interruptible() -> None:
+    """In the benchmark's process, before it starts: SIGINT interrupts it, even when the
+    suite was started in the background by a shell (which ignores SIGINT there, and an
+    ignored SIGINT stays ignored across exec: Python then installs no KeyboardInterrupt)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def run_step(argv: list[str], limit_s: float, env: dict[str, str], log: Path) -> tuple[str, float]:
     """Runs one benchmark's process, its output into `log`; returns how it ended and how
     long it took."""
@@ -68,7 +75,7 @@ def run_step(argv: list[str], limit_s: float, env: dict[str, str], log: Path) ->
     t0 = time.monotonic()
     with open(log, "w") as out:
         p = subprocess.Popen(argv, cwd=REPO_ROOT, env=env, stdout=out, stderr=subprocess.STDOUT,
-                             start_new_session=True)
+                             start_new_session=True, preexec_fn=_interruptible)
         try:
             rc = p.wait(timeout=max(limit_s, 1))
         except subprocess.TimeoutExpired:

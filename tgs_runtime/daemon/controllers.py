@@ -403,6 +403,10 @@ class ShareState:
     peak: float = 0.0        # the most opportunistic work the GPU has been seen to take, blocks/s
     turn: Turn = field(default_factory=Turn)
 
+    def needs_less(self, cid: str) -> bool:
+        """The container is known to use less than its share (for a second or more)."""
+        return self.underuse.get(cid, 0) >= UNDERUSE_PERIODS
+
 
 UNDERUSE_PERIODS = 10  # a container is known to need less after this many periods (about a second)
 LIGHT_STAYS = 0.75     # and stays known so while it uses less than this part of what it is given
@@ -420,8 +424,7 @@ def _observe(state: ShareState, claimants: list[Claimant]) -> None:
         if c.id in state.turn.paused:
             continue
         given = state.peak if c.budget == UNLIMITED else c.budget
-        known = state.underuse.get(c.id, 0) >= UNDERUSE_PERIODS
-        low = given > 0 and c.achieved < (LIGHT_STAYS if known else 0.5) * given
+        low = given > 0 and c.achieved < (LIGHT_STAYS if state.needs_less(c.id) else 0.5) * given
         state.underuse[c.id] = state.underuse.get(c.id, 0) + 1 if low else 0
     for gone in set(state.underuse) - {c.id for c in claimants}:
         del state.underuse[gone]
@@ -432,7 +435,7 @@ def _demand_of(state: ShareState):
     was given for a second (then twice what it uses, until it uses three quarters of
     that): a newcomer or a ramping job is never judged on its first moments."""
     def demand(c: Claimant) -> float:
-        if state.underuse.get(c.id, 0) >= UNDERUSE_PERIODS:
+        if state.needs_less(c.id):
             return c.achieved * 2.0 + 1.0
         return float("inf")
     return demand
@@ -538,7 +541,7 @@ def take_turns(state: ShareState, shares: dict[str, int], total: int, dt: float)
     those for the holder, 0 for the others waiting; `shares` unchanged when fewer than
     two take turns."""
     t = state.turn
-    light = {k for k, v in shares.items() if state.underuse.get(k, 0) >= UNDERUSE_PERIODS and v != UNLIMITED}
+    light = {k for k, v in shares.items() if state.needs_less(k) and v != UNLIMITED}
     weight = {k: (state.peak or 1.0) if v == UNLIMITED else float(v) for k, v in shares.items()
               if v > 0 and k not in light}
     for gone in set(t.owed) - set(weight):

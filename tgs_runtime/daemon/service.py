@@ -594,17 +594,14 @@ class Daemon:
                            shares={k: _rate_text(v) for k, v in rates.items()})
         st.last = {"state": budget.state, "rate": budget.rate, "solo": budget.solo, "progress": budget.progress,
                    "inflight": budget.inflight, "gate": budget.gate}
-        # behind production, one container launches at a time (one whose processes are yet
-        # to connect waits for its turn too); without production, all at once
+        # behind production, one container launches at a time; without production, all at once
         if budget.gate:
             turns = take_turns(st.share, rates, budget.rate, dt)
         else:
             st.share.turn, turns = Turn(), rates
-        taking_turns = st.share.turn.holder is not None
         for c, slot in opp:
-            share = rates.get(c.id, budget.rate)
-            rate = turns.get(c.id, 0 if taking_turns else share)
-            self._write_opportunistic(c, slot, share, budget.inflight, budget.gate, st, rate=rate)
+            self._write_opportunistic(c, slot, rates.get(c.id, budget.rate), budget.inflight, budget.gate, st,
+                                      rate=turns.get(c.id))
         for c, slot in prod:
             c.control.set_budget(slot, rate=UNLIMITED, gate=False, inflight=0, quota=0, view_total=st.budget_bytes)
         self._memory(st, prod, opp)
@@ -613,9 +610,12 @@ class Daemon:
                              rate: int | None = None) -> None:
         """`share` is the container's part of the GPU's budget; `rate`, what it may launch at
         now when it takes turns (the budget while it holds the turn, nothing while it
-        waits). The floor the shim slides to if tgsd goes away comes from the share."""
+        waits). One not among them (new, or its processes yet to connect) waits while
+        others take turns, else launches at its share. The floor the shim slides to if tgsd
+        goes away comes from the share."""
         cc = self.cfg.control
-        rate = share if rate is None else rate
+        if rate is None:
+            rate = 0 if st.share.turn.holder is not None else share
         finite = share if share != UNLIMITED else int(c.achieved[slot])
         floor = max(int(finite * cc.floor_fraction), 1) if cc.floor_fraction > 0 else 0
         burst = 0 if rate == UNLIMITED else max(int(rate * cc.burst_ms / 1000), 1)
@@ -633,10 +633,9 @@ class Daemon:
             if c.cls == proto.Class.PRODUCTION:
                 c.control.set_budget(slot, rate=UNLIMITED, gate=False, inflight=0, view_total=st.budget_bytes)
             else:
-                share = st.last.get("rate", UNLIMITED)
-                self._write_opportunistic(c, slot, share, st.last.get("inflight", self.cfg.control.inflight),
-                                          st.last.get("gate", True), st,
-                                          rate=0 if st.share.turn.holder is not None else share)
+                self._write_opportunistic(c, slot, st.last.get("rate", UNLIMITED),
+                                          st.last.get("inflight", self.cfg.control.inflight),
+                                          st.last.get("gate", True), st)
 
     def _memory(self, st: GpuState, prod, opp) -> None:
         if not self.cfg.memory.orders:

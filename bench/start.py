@@ -14,7 +14,7 @@ from bench.common import Echo, Outputs, machine, median, table
 from tgs_runtime import sim
 from tgs_runtime.childd import ChildTgsd, own_config
 from tgs_runtime.paths import artifacts
-from tgs_runtime.privatedocker import IMAGE, PrivateDocker
+from tgs_runtime.privatedocker import IMAGE, PrivateDocker, need_busybox
 
 CASES = {
     "runc": ["--runtime=runc"],
@@ -26,6 +26,7 @@ CASES = {
 
 def run(echo: Echo = print, quick: bool = False, json_path: Path | None = None) -> dict:
     runs = 5 if quick else 20
+    need_busybox()
     a = artifacts()
     with tempfile.TemporaryDirectory(prefix="tgs-bench-start-") as d:
         work = Path(d)

@@ -10,7 +10,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from harness.build import build_libshim, compile_c  # noqa: E402
 from harness.daemon import Tgsd  # noqa: E402
-from tgs_runtime.privatedocker import IMAGE, PRELOAD_IMAGE, PrivateDocker  # noqa: E402
+from tgs_runtime.privatedocker import IMAGE, PRELOAD_IMAGE, PrivateDocker, need_busybox  # noqa: E402
 from harness.shimside import Host, ShimContainer  # noqa: E402
 from harness.simgpu import SimGPU  # noqa: E402
 from tgs_runtime import proto  # noqa: E402
@@ -84,6 +84,7 @@ def tgsd(simgpu, tmp_path):
 def docker_host(tmp_path_factory, libshim, c_programs):
     """A private dockerd with the tgs runtime, and the test images (started once)."""
     work = tmp_path_factory.mktemp("docker")
+    need_busybox()
     d = PrivateDocker(work, libshim.root / "tgs-runtime", work / "tgs.toml")
     d.start()
     try:

@@ -23,6 +23,16 @@ class DockerUnavailable(RuntimeError):
     pass
 
 
+BUSYBOX = Path("/bin/busybox")
+
+
+def need_busybox() -> None:
+    """Images that run commands (`true`, `sh`) get them from busybox-static."""
+    if not BUSYBOX.exists():
+        raise DockerUnavailable(f"{BUSYBOX} is missing: the test images take their commands from it "
+                                "(apt-get install busybox-static; make test does)")
+
+
 def _libs(binary: Path) -> list[Path]:
     out = subprocess.run(["ldd", str(binary)], capture_output=True, text=True).stdout
     libs = []
@@ -40,7 +50,7 @@ def rootfs_tar(files: dict[str, Path], workdir: Path, tag: str, extra: dict[str,
     `extra` (image path -> content) added as they are."""
     root = workdir / f"rootfs-{tag.replace(':', '-')}"
     shutil.rmtree(root, ignore_errors=True)
-    busybox = Path("/bin/busybox")
+    busybox = BUSYBOX
     for d in ("bin", "usr/bin", "etc", "tmp", "dev", "proc", "sys", "run"):
         (root / d).mkdir(parents=True, exist_ok=True)
     if busybox.exists():

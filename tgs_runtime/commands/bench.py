@@ -8,6 +8,7 @@ from pathlib import Path
 import click
 
 from tgs_runtime.paths import REPO_ROOT, MissingArtifact
+from tgs_runtime.privatedocker import DockerUnavailable
 
 BENCHMARKS = {
     "isolation": "production protection and idle time reclaimed (the paper's main one)",
@@ -39,7 +40,7 @@ def bench_cmd(name: str, json_path: Path | None, quick: bool) -> None:
     module = importlib.import_module(f"bench.{name}")
     try:
         module.run(echo=click.echo, quick=quick, json_path=json_path)
-    except MissingArtifact as e:
+    except (MissingArtifact, DockerUnavailable) as e:
         raise click.ClickException(str(e)) from e
 
 

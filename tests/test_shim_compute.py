@@ -50,13 +50,11 @@ def test_production_keeps_its_engine_beside_a_budgeted_opportunistic_job(simgpu,
     o = simgpu.workload(GPU_BOUND, "opp", opp.env(libshim.shim))
     simgpu.wait_for_contexts(["prod", "opp"])
     time.sleep(0.5)
-    before = simgpu.status()
-    time.sleep(2.5)
-    after = simgpu.status()
+    before, after = simgpu.snapshots(2.5)
     o.kill()
     p.wait()
     busy = sim.busy_between(before, after)
-    kernels = sim.contexts(after)["opp"]["kernels"] - sim.contexts(before)["opp"]["kernels"]
+    kernels = sim.between(before, after, "kernels")["opp"]
     assert busy["prod"] >= 0.85 * busy_alone * 2.5, f"production had {busy_alone:.2f}/s alone, {busy['prod'] / 2.5:.2f}/s shared"
     # it runs only in production's idle half (the gate), so under its 200/s budget but never starved
     assert 75 <= kernels / 2.5 <= 250, f"opportunistic at {kernels / 2.5:.0f} kernels/s, budget 200"
@@ -115,7 +113,8 @@ def test_two_processes_of_one_container_share_its_budget(simgpu, container, libs
     after = simgpu.status()
     a.kill()
     b.kill()
-    ka, kb = (sim.contexts(after)[x]["kernels"] - sim.contexts(before)[x]["kernels"] for x in "ab")
+    grown = sim.between(before, after, "kernels")
+    ka, kb = grown["a"], grown["b"]
     assert 150 <= (ka + kb) / 2.5 <= 250, f"together {(ka + kb) / 2.5:.0f} kernels/s, budget 200"
 
 

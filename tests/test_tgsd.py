@@ -23,9 +23,7 @@ HOG = Workload(kernel_us=1000, kernels=10, seconds=9, report_s=0.5)
 
 
 def busy(simgpu, labels, seconds):
-    before = simgpu.status()
-    time.sleep(seconds)
-    return sim.busy_between(before, simgpu.status())
+    return sim.busy_between(*simgpu.snapshots(seconds))
 
 
 def test_production_keeps_its_engine_and_opportunistic_gets_the_idle_half(simgpu, tgsd, libshim):
@@ -308,3 +306,48 @@ def test_status_schema(simgpu, tgsd, libshim):
     human = subprocess.run([sys.executable, "-m", "tgs_runtime", "status", "--state-dir", str(d.state_dir)],
                            capture_output=True, text=True, timeout=30)
     assert opp.id in human.stdout and "opportunistic" in human.stdout
+
+
+
+def test_opportunistic_kernels_keep_clear_of_production_s_next_iteration(simgpu, tgsd, libshim):
+    """Production goes idle for 10 ms between iterations; a GPU-bound opportunistic job
+    fills the gaps with 1 ms kernels, but holds back the one that would still run when
+    production is expected back. Without that, production waits behind it: about 0.4 ms
+    of each 20 ms iteration here (anticipate = false)."""
+    d = tgsd()
+    prod, opp = d.register("production"), d.register("opportunistic")
+    p = simgpu.workload(HALF, "prod", prod.env(libshim.shim))
+    o = simgpu.workload(HOG, "opp", opp.env(libshim.shim))
+    simgpu.wait_for_contexts(["prod", "opp"])
+    time.sleep(3)
+    before, after = simgpu.snapshots(4)
+    member = next(c for c in d.status()["gpus"][0]["containers"] if c["class"] == "opportunistic")
+    p.kill()
+    o.kill()
+    got = sim.busy_between(before, after)
+    waited = sim.between(before, after, "waited_ns")["prod"] / 1e9
+    iterations = sim.between(before, after, "kernels")["prod"] / HALF.kernels
+    assert member["anticipating"] and member["gated"], member
+    assert iterations > 100, f"production ran {iterations} iterations in 4 s"
+    assert waited / iterations < 0.15e-3, f"production waited {waited / iterations * 1e3:.3f} ms per iteration"
+    idle = 4 - got["prod"]
+    assert got["opp"] >= 0.75 * idle, f"opportunistic got {got['opp']:.2f} s of the engine; idle was {idle:.2f} s"
+
+
+def test_opportunistic_kernels_longer_than_production_s_gaps_still_run(simgpu, tgsd, libshim):
+    """Kernels of 15 ms never fit production's 10 ms gaps: held back until production is
+    due, they would never run (and never be timed again); anticipation leaves them to the
+    gate and the controller."""
+    d = tgsd()
+    prod, opp = d.register("production"), d.register("opportunistic")
+    p = simgpu.workload(HALF, "prod", prod.env(libshim.shim))
+    o = simgpu.workload(Workload(kernel_us=15000, kernels=2, seconds=9, report_s=0.5), "opp",
+                        opp.env(libshim.shim))
+    simgpu.wait_for_contexts(["prod", "opp"])
+    time.sleep(3)
+    before, after = simgpu.snapshots(4)
+    p.kill()
+    o.kill()
+    kernels = sim.between(before, after, "kernels")
+    assert kernels["opp"] >= 8, f"the opportunistic job ran {kernels['opp']:.0f} kernels of 15 ms in 4 s"
+    assert kernels["prod"] / HALF.kernels > 100, f"production ran {kernels['prod'] / HALF.kernels:.0f} iterations"

@@ -160,7 +160,7 @@ class ControlBlock(_Mapped):
 
     def set_budget(self, slot: int, *, rate: int | None = None, burst: int | None = None, floor: int | None = None,
                    inflight: int | None = None, quota: int | None = None, view_total: int | None = None,
-                   gate: bool | None = None) -> None:
+                   gate: bool | None = None, anticipate: bool | None = None) -> None:
         b = self.view.daemon.gpu[slot]
         if rate is not None:
             b.ns_per_block_fp = proto.ns_per_block_fp(rate)
@@ -175,8 +175,9 @@ class ControlBlock(_Mapped):
             b.mem_quota_bytes = quota
         if view_total is not None:
             b.mem_view_total_bytes = view_total
-        if gate is not None:
-            b.flags = (b.flags | proto.GPU_GATE) if gate else (b.flags & ~proto.GPU_GATE)
+        for bit, on in ((proto.GPU_GATE, gate), (proto.GPU_ANTICIPATE, anticipate)):
+            if on is not None:
+                b.flags = (b.flags | bit) if on else (b.flags & ~bit)
         self.view.daemon.generation += 1
 
     def heartbeat(self, now_ns: int | None = None) -> None:

@@ -25,6 +25,7 @@ ACTIVITY_SIZE = PAGE
 RATE_UNLIMITED = (1 << 64) - 1
 NS_PER_BLOCK_SHIFT = 16
 GPU_GATE = 1
+GPU_ANTICIPATE = 2
 MEM_EVICTED = 1
 
 DEFAULT_STATE_DIR = "/run/tgs"
@@ -76,6 +77,7 @@ CONSTANTS = {
     "TGS_ACTIVITY_SLOTS": ACTIVITY_SLOTS, "TGS_NO_SLOT": NO_SLOT, "TGS_PAGE": PAGE, "TGS_CONTROL_SIZE": CONTROL_SIZE,
     "TGS_DAEMON_OFFSET": DAEMON_OFFSET, "TGS_SHIM_OFFSET": SHIM_OFFSET, "TGS_ACTIVITY_SIZE": ACTIVITY_SIZE,
     "TGS_RATE_UNLIMITED": RATE_UNLIMITED, "TGS_NS_PER_BLOCK_SHIFT": NS_PER_BLOCK_SHIFT, "TGS_GPU_GATE": GPU_GATE,
+    "TGS_GPU_ANTICIPATE": GPU_ANTICIPATE,
     "TGS_MEM_EVICTED": MEM_EVICTED,
     **{f"TGS_CLASS_{c.name}": c.value for c in Class},
     **{f"TGS_MSG_{t.name}": t.value for t in MsgType},
@@ -142,7 +144,8 @@ class Control(Struct):
 
 class Activity(Struct):
     _c_name_ = "tgs_activity"
-    _fields_ = [("magic", u32), ("version", u32), ("nslots", u32), ("pad", u32), ("reserved", u64 * 7),
+    _fields_ = [("magic", u32), ("version", u32), ("nslots", u32), ("pad", u32),
+                ("idle_ns", u64), ("due_ns", u64), ("due_until_ns", u64), ("reserved", u64 * 4),
                 ("busy", u8 * ACTIVITY_SLOTS)]
 
 

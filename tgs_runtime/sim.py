@@ -106,10 +106,16 @@ def contexts(snapshot: dict, device: int = 0) -> dict[str, dict]:
     return out
 
 
+def between(before: dict, after: dict, field: str, device: int = 0) -> dict[str, int]:
+    """How much a per-context count ("kernels", "waited_ns", ...) grew for each label
+    between two snapshots (labels live in both)."""
+    a, b = contexts(before, device), contexts(after, device)
+    return {label: b[label][field] - a[label][field] for label in b if label in a}
+
+
 def busy_between(before: dict, after: dict, device: int = 0) -> dict[str, float]:
     """Engine seconds each label got between two snapshots (labels live in both)."""
-    a, b = contexts(before, device), contexts(after, device)
-    return {label: (b[label]["busy_ns"] - a[label]["busy_ns"]) / 1e9 for label in b if label in a}
+    return {label: ns / 1e9 for label, ns in between(before, after, "busy_ns", device).items()}
 
 
 def real_gpu_reason() -> str | None:

@@ -63,7 +63,9 @@ enum tgs_class {
 #define TGS_NS_PER_BLOCK_SHIFT 16     /* ns_per_block_fp is ns per thread block << 16 */
 
 /* tgs_gpu_budget.flags */
-#define TGS_GPU_GATE 1u /* wait while production on this GPU has unfinished work */
+#define TGS_GPU_GATE 1u      /* wait while production on this GPU has unfinished work */
+#define TGS_GPU_ANTICIPATE 2u /* and do not start a kernel that would still run when production
+                                 is next expected (tgs_activity.due_ns) */
 
 struct tgs_control_header {
     uint32_t magic;
@@ -146,6 +148,12 @@ struct tgs_control {
  * has launched work on the GPU since its last completed synchronisation. Production
  * containers map it read-write, opportunistic ones read-only; tgsd clears the byte of
  * a process that died.
+ *
+ * When a production process goes idle (idle_ns, CLOCK_MONOTONIC) it also says when it
+ * expects to launch again: between due_ns and due_until_ns, from the gaps between its
+ * last idle moments and the launches that followed (due_until_ns 0: no expectation, as
+ * while it runs). With several production processes an expectation still ahead and
+ * earlier than a new one stands.
  */
 #define TGS_ACTIVITY_SIZE TGS_PAGE
 
@@ -154,7 +162,10 @@ struct tgs_activity {
     uint32_t version;
     uint32_t nslots; /* TGS_ACTIVITY_SLOTS */
     uint32_t pad;
-    uint64_t reserved[7];
+    uint64_t idle_ns;      /* production went idle then */
+    uint64_t due_ns;       /* its next launch is expected from then */
+    uint64_t due_until_ns; /* until then at the latest */
+    uint64_t reserved[4];
     uint8_t busy[TGS_ACTIVITY_SLOTS];
 };
 

@@ -117,6 +117,10 @@ static uint64_t run(struct sim_device *d, struct eng_view *v, uint64_t until, in
         if (commit) {
             cx->busy_ns += dt;
             d->busy_ns += dt;
+            if (others)
+                FOR_LIVE(d, i)
+                    if ((int32_t)i != c && ready(d, v, (int32_t)i))
+                        d->ctx[i].waited_ns += dt;
         }
         if (v->rem[c] <= 0) {
             struct sim_item *it = &cx->q[v->head[c] % SIM_QCAP];

@@ -29,7 +29,7 @@
 
 /* ---- constants of the shared state (documented in docs/simgpu.md) ---- */
 #define SIM_MAGIC 0x31305550474d4953ULL /* "SIMGPU01" */
-#define SIM_STATE_VERSION 1u
+#define SIM_STATE_VERSION 2u
 #define SIM_MAX_DEVICES 8
 #define SIM_MAX_PROCS 256
 #define SIM_MAX_CTX 64        /* context slots per device (live and recently ended) */
@@ -71,6 +71,7 @@ struct sim_ctx { /* one CUDA context's slot on a device */
     uint64_t pages_in, pages_out; /* migrations to / evictions from the device */
     uint64_t remote_bytes;   /* managed bytes the GPU read over the bus without migrating */
     uint64_t migrate_ns;     /* kernel time spent waiting for page migrations */
+    uint64_t waited_ns;      /* time its kernels were queued while the engine ran another context's */
     struct sim_sample util[SIM_UTIL_SAMPLES];
     uint32_t util_head, pad;
     /* queue: items head..tail-1 are pending; head counts completed items */

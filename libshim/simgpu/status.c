@@ -97,12 +97,13 @@ int simgpu_status_json(const char *state_path, char *buf, size_t len) {
             put(&o,
                 ",\"age_s\":%.3f,\"busy_ns\":%llu,\"kernels\":%llu,\"blocks\":%llu,\"queued\":%llu,"
                 "\"device_bytes\":%llu,\"resident_bytes\":%llu,\"pages_in\":%llu,\"pages_out\":%llu,"
-                "\"remote_bytes\":%llu,\"migrate_ns\":%llu}",
+                "\"remote_bytes\":%llu,\"migrate_ns\":%llu,\"waited_ns\":%llu}",
                 (double)(end - c->created_ns) / 1e9, (unsigned long long)c->busy_ns, (unsigned long long)c->kernels,
                 (unsigned long long)c->blocks, (unsigned long long)(c->tail - c->head),
                 (unsigned long long)c->device_bytes, (unsigned long long)(c->resident_pages * SIM_PAGE),
                 (unsigned long long)c->pages_in, (unsigned long long)c->pages_out,
-                (unsigned long long)c->remote_bytes, (unsigned long long)c->migrate_ns);
+                (unsigned long long)c->remote_bytes, (unsigned long long)c->migrate_ns,
+                (unsigned long long)c->waited_ns);
         }
         sim_unlock_device(d);
         put(&o, "]}");

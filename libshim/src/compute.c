@@ -8,6 +8,11 @@
  * block). Work launched on a capturing stream is neither counted nor throttled; a graph
  * launch costs the thread blocks of its kernel nodes, counted at instantiate. Only the
  * launching thread ever waits, by sleeping; while tokens remain no system call is made.
+ *
+ * Anticipation: a production process that goes idle says when it expects to launch again
+ * (from its recent gaps between idle and launch); an opportunistic launch that would still
+ * be running then waits for production instead of delaying it. Each opportunistic process
+ * learns how long its kernels run by timing one launch in TGS_TIME_EVERY with events.
  */
 #define _GNU_SOURCE
 #include "tgs.h"
@@ -21,33 +26,85 @@
  * when, and how many blocks came before it. Timed from one iteration start to another,
  * production's progress is exact; a window's block count is off by up to an iteration.
  * A writer that finds another one writing leaves the mark to it. */
-static void mark_iteration(struct tgs_gpu *g) {
+static void mark_iteration(struct tgs_gpu *g, uint64_t now) {
     struct tgs_gpu_counters *c = g->ctr;
     uint64_t seq = __atomic_load_n(&c->mark_seq, __ATOMIC_RELAXED);
     if ((seq & 1) || !__atomic_compare_exchange_n(&c->mark_seq, &seq, seq + 1, 0, __ATOMIC_ACQUIRE, __ATOMIC_RELAXED))
         return;
-    __atomic_store_n(&c->mark_ns, tgs_now(), __ATOMIC_RELAXED);
+    __atomic_store_n(&c->mark_ns, now, __ATOMIC_RELAXED);
     __atomic_store_n(&c->mark_blocks, __atomic_load_n(&c->blocks, __ATOMIC_RELAXED), __ATOMIC_RELAXED);
     __atomic_store_n(&c->mark_seq, seq + 2, __ATOMIC_RELEASE);
 }
 
-static void mark_busy(struct tgs_gpu *g) {
-    if (__atomic_load_n(&g->busy_marked, __ATOMIC_RELAXED) || !g->activity_rw)
+/* The launch after an idle spell: remember how long the spell was, and withdraw the
+ * expectation it raised (the GPU's gate now holds opportunistic work back). */
+static void note_gap(struct tgs_gpu *g, uint64_t now) {
+    uint64_t idle = g->idle_ns;
+    if (!idle)
         return;
+    g->idle_ns = 0;
+    g->gaps[g->ngaps++ % TGS_GAPS] = now - idle;
+    volatile uint64_t *e = g->expect;
+    if (e && __atomic_load_n(&e[TGS_EXPECT_DUE], __ATOMIC_RELAXED) == g->my_due)
+        __atomic_store_n(&e[TGS_EXPECT_UNTIL], 0, __ATOMIC_RELAXED);
+}
+
+/* Production went idle at `now`: it expects to launch again after the shortest of its
+ * recent gaps and before the longest (at most twice the shortest: a job whose gaps vary
+ * more is expected only around its shortest). Another process's expectation that is
+ * still ahead and earlier stands. */
+static void expect_next(struct tgs_gpu *g, uint64_t now) {
+    g->idle_ns = now;
+    volatile uint64_t *e = g->expect;
+    if (!e || g->ngaps < TGS_GAPS)
+        return;
+    uint64_t lo = UINT64_MAX, hi = 0;
+    for (unsigned i = 0; i < TGS_GAPS; i++) {
+        lo = g->gaps[i] < lo ? g->gaps[i] : lo;
+        hi = g->gaps[i] > hi ? g->gaps[i] : hi;
+    }
+    if (hi > 2 * lo)
+        hi = 2 * lo;
+    if (tgs_log_level >= TGS_LOG_DEBUG && (lo > g->logged_gap + g->logged_gap / 32 || lo < g->logged_gap - g->logged_gap / 32)) {
+        tgs_log(TGS_LOG_DEBUG, "expects to launch again %.1f-%.1f us after going idle", (double)lo / 1e3, (double)hi / 1e3);
+        g->logged_gap = lo;
+    }
+    uint64_t due = now + lo, until = now + hi;
+    if (__atomic_load_n(&e[TGS_EXPECT_UNTIL], __ATOMIC_RELAXED) > now &&
+        __atomic_load_n(&e[TGS_EXPECT_DUE], __ATOMIC_RELAXED) < due)
+        return;
+    __atomic_store_n(&e[TGS_EXPECT_UNTIL], 0, __ATOMIC_RELAXED); /* no window while it is written */
+    __atomic_store_n(&e[TGS_EXPECT_IDLE], now, __ATOMIC_RELAXED);
+    __atomic_store_n(&e[TGS_EXPECT_DUE], due, __ATOMIC_RELAXED);
+    __atomic_store_n(&e[TGS_EXPECT_UNTIL], until, __ATOMIC_RELEASE);
+    g->my_due = due;
+}
+
+/* The first launch since production went idle (once per iteration: out of line). */
+__attribute__((noinline)) static void mark_busy_now(struct tgs_gpu *g) {
     uint32_t slot = __atomic_load_n(&g_tgs.activity_slot, __ATOMIC_RELAXED);
     if (slot >= TGS_ACTIVITY_SLOTS)
         return;
     g->activity_rw[slot] = 1;
     __atomic_store_n(&g->busy_marked, 1, __ATOMIC_RELAXED);
-    mark_iteration(g);
+    uint64_t now = tgs_now();
+    mark_iteration(g, now);
+    note_gap(g, now);
 }
 
-void tgs_production_idle(struct tgs_gpu *g) {
-    if (!__atomic_exchange_n(&g->busy_marked, 0, __ATOMIC_RELAXED) || !g->activity_rw)
+static inline void mark_busy(struct tgs_gpu *g) {
+    if (likely(__atomic_load_n(&g->busy_marked, __ATOMIC_RELAXED)) || !g->activity_rw)
         return;
+    mark_busy_now(g);
+}
+
+int tgs_production_idle(struct tgs_gpu *g) {
+    if (!__atomic_exchange_n(&g->busy_marked, 0, __ATOMIC_RELAXED) || !g->activity_rw)
+        return 0;
     uint32_t slot = __atomic_load_n(&g_tgs.activity_slot, __ATOMIC_RELAXED);
     if (slot < TGS_ACTIVITY_SLOTS)
         g->activity_rw[slot] = 0;
+    return 1;
 }
 
 static int production_busy(const struct tgs_gpu *g) {
@@ -103,13 +160,100 @@ void tgs_compute_after_fork(void) {
         memset(g->ev, 0, sizeof g->ev);
         g->ev_head = g->ev_count = 0;
         g->busy_marked = 0;
+        g->timer[0] = g->timer[1] = NULL;
+        g->timer_ctx = NULL;
+        g->timing = TGS_TIMER_IDLE;
+        g->queue_end_ns = g->idle_ns = 0;
+        g->ngaps = 0;
     }
     g_tgs.captures = 0;
+}
+
+/* ---------- opportunistic: how long its kernels run ---------- */
+
+/* One launch in TGS_TIME_EVERY (every one until the first is timed) goes between two
+ * timing events; the estimate is the median of the last TGS_TIMED timed, so that one
+ * slow kernel (the first touch of its memory) does not hold all the others back.
+ * g->timing says where the timer is (enum tgs_timer); a thread that moves it to
+ * TGS_TIMER_BUSY owns it until it sets it again. */
+__attribute__((noinline)) static int timer_start_now(struct tgs_gpu *g, CUstream s) {
+    int expected = TGS_TIMER_IDLE;
+    if (!real_cuEventElapsedTime ||
+        !__atomic_compare_exchange_n(&g->timing, &expected, TGS_TIMER_BUSY, 0, __ATOMIC_ACQUIRE, __ATOMIC_RELAXED))
+        return 0; /* another thread times one */
+    __atomic_store_n(&g->untimed, 0, __ATOMIC_RELAXED);
+    CUcontext ctx = NULL;
+    REAL(cuCtxGetCurrent)(&ctx);
+    if (!g->timer[0] || !g->timer[1] || g->timer_ctx != ctx) {
+        g->timer[0] = g->timer[1] = NULL; /* another context's events are left to it */
+        if (REAL(cuEventCreate)(&g->timer[0], CU_EVENT_DEFAULT) != CUDA_SUCCESS ||
+            REAL(cuEventCreate)(&g->timer[1], CU_EVENT_DEFAULT) != CUDA_SUCCESS) {
+            g->timer[0] = g->timer[1] = NULL;
+            __atomic_store_n(&g->timing, TGS_TIMER_IDLE, __ATOMIC_RELEASE);
+            return 0;
+        }
+        g->timer_ctx = ctx;
+    }
+    if (REAL(cuEventRecord)(g->timer[0], s) != CUDA_SUCCESS) {
+        __atomic_store_n(&g->timing, TGS_TIMER_IDLE, __ATOMIC_RELEASE);
+        return 0;
+    }
+    return 1;
+}
+
+/* Whether this launch is the one to time (the count needs no atomicity: a lost increment
+ * only times a launch later). */
+static inline int timer_start(struct tgs_gpu *g, CUstream s) {
+    if (__atomic_load_n(&g->timing, __ATOMIC_RELAXED) != TGS_TIMER_IDLE)
+        return 0;
+    unsigned n = __atomic_load_n(&g->untimed, __ATOMIC_RELAXED) + 1;
+    __atomic_store_n(&g->untimed, n, __ATOMIC_RELAXED);
+    if (n < TGS_TIME_EVERY && g->kernel_ns)
+        return 0;
+    return timer_start_now(g, s);
+}
+
+__attribute__((noinline)) static void timer_stop(struct tgs_gpu *g, CUstream s, int launched) {
+    int ok = launched && REAL(cuEventRecord)(g->timer[1], s) == CUDA_SUCCESS;
+    __atomic_store_n(&g->timing, ok ? TGS_TIMER_RUNNING : TGS_TIMER_IDLE, __ATOMIC_RELEASE);
+}
+
+/* A timed kernel that has finished updates the estimate. */
+__attribute__((noinline)) static void timer_read_now(struct tgs_gpu *g) {
+    int expected = TGS_TIMER_RUNNING;
+    if (REAL(cuEventQuery)(g->timer[1]) == CUDA_ERROR_NOT_READY ||
+        !__atomic_compare_exchange_n(&g->timing, &expected, TGS_TIMER_BUSY, 0, __ATOMIC_ACQUIRE, __ATOMIC_RELAXED))
+        return;
+    float ms = 0;
+    if (REAL(cuEventElapsedTime)(&ms, g->timer[0], g->timer[1]) == CUDA_SUCCESS && ms >= 0) {
+        g->timed_ns[g->ntimed++ % TGS_TIMED] = (uint64_t)((double)ms * 1e6);
+        unsigned n = g->ntimed < TGS_TIMED ? g->ntimed : TGS_TIMED;
+        uint64_t v[TGS_TIMED];
+        for (unsigned i = 0; i < n; i++) { /* insertion sort of at most five */
+            uint64_t x = g->timed_ns[i];
+            unsigned j = i;
+            for (; j && v[j - 1] > x; j--)
+                v[j] = v[j - 1];
+            v[j] = x;
+        }
+        uint64_t was = g->kernel_ns;
+        g->kernel_ns = v[n / 2];
+        if (tgs_log_level >= TGS_LOG_DEBUG && (g->kernel_ns > was + was / 16 || g->kernel_ns < was - was / 16))
+            tgs_log(TGS_LOG_DEBUG, "its kernels run %.1f us (the median of %u timed)", (double)g->kernel_ns / 1e3, n);
+    }
+    __atomic_store_n(&g->timing, TGS_TIMER_IDLE, __ATOMIC_RELEASE);
+}
+
+static inline void timer_read(struct tgs_gpu *g) {
+    if (unlikely(__atomic_load_n(&g->timing, __ATOMIC_RELAXED) == TGS_TIMER_RUNNING))
+        timer_read_now(g);
 }
 
 /* ---------- opportunistic: tokens ---------- */
 
 #define GATE_POLL_NS 100000ull   /* production-busy re-check while waiting */
+#define OVERRUN_KERNEL 8         /* a kernel may end this part of itself late, */
+#define OVERRUN_GAP 32           /* or this part of production's gap if that is less */
 #define PAUSE_POLL_NS 1000000ull /* a paused budget is re-read this often */
 #define DECAY_MS 5000ull         /* a stale budget slides to the floor over this long */
 #define BACKLOG_NS 200000000ull  /* a bucket this far ahead came from an older, slower rate */
@@ -170,12 +314,49 @@ static int must_wait_for_production(struct tgs_gpu *g, uint64_t now) {
     return (g->budget->flags & TGS_GPU_GATE) && g->activity && production_busy(g) && !tgs_heartbeat_age_ms(now, &age);
 }
 
-static void opportunistic_admit(struct tgs_gpu *g, uint64_t blocks) {
+/* Called only when the budget says TGS_GPU_ANTICIPATE.
+ * 0 when a kernel launched now would be done before production is next expected (or
+ * a little after: this process's own start in the gap lags production's idle moment by
+ * up to a gate poll), or production's expected window has passed without it, or its
+ * kernels are too long for production's gaps anyway (then the gate and the controller
+ * alone decide, as without anticipation); else when to look again. */
+__attribute__((noinline)) static uint64_t hold_back_until(struct tgs_gpu *g, uint64_t now) {
+    uint64_t k = g->kernel_ns;
+    const volatile uint64_t *e = g->expect;
+    if (!e || !k)
+        return 0;
+    uint64_t until = __atomic_load_n(&e[TGS_EXPECT_UNTIL], __ATOMIC_ACQUIRE);
+    uint64_t due = __atomic_load_n(&e[TGS_EXPECT_DUE], __ATOMIC_RELAXED);
+    uint64_t idle = __atomic_load_n(&e[TGS_EXPECT_IDLE], __ATOMIC_RELAXED);
+    if (now >= until)
+        return 0;
+    uint64_t start = g->queue_end_ns > now ? g->queue_end_ns : now;
+    uint64_t gap = due > idle ? due - idle : 0;
+    uint64_t overrun = k / OVERRUN_KERNEL < gap / OVERRUN_GAP ? k / OVERRUN_KERNEL : gap / OVERRUN_GAP;
+    if (start + k <= due + overrun || k > gap)
+        return 0;
+    return until < now + GATE_POLL_NS ? until : now + GATE_POLL_NS;
+}
+
+static int must_hold_back(struct tgs_gpu *g, uint64_t now, int anticipate) {
+    return must_wait_for_production(g, now) || (anticipate && hold_back_until(g, now));
+}
+
+/* Admits one launch; returns whether it anticipates production (then it may be timed). */
+static int opportunistic_admit(struct tgs_gpu *g, uint64_t blocks) {
     const volatile struct tgs_gpu_budget *b = g->budget;
-    uint64_t now = tgs_now(), start = now;
+    uint64_t now = tgs_now(), start = now, until;
+    int anticipate = (b->flags & TGS_GPU_ANTICIPATE) != 0;
+    if (anticipate)
+        timer_read(g);
     for (;;) {
-        while (must_wait_for_production(g, now)) {
-            tgs_sleep_until(now + GATE_POLL_NS);
+        for (;;) {
+            if (must_wait_for_production(g, now))
+                tgs_sleep_until(now + GATE_POLL_NS);
+            else if (anticipate && (until = hold_back_until(g, now)))
+                tgs_sleep_until(until);
+            else
+                break;
             now = tgs_now();
         }
         unsigned max = b->inflight_max;
@@ -183,14 +364,19 @@ static void opportunistic_admit(struct tgs_gpu *g, uint64_t blocks) {
         if (max && inflight_wait(g, max))
             now = tgs_now();
         take_tokens(g, blocks, &now);
-        /* production may have started while this thread waited: look again */
-        if (now == before || !must_wait_for_production(g, now))
+        /* production may have started, or come due, while this thread waited: look again */
+        if (now == before || !must_hold_back(g, now, anticipate))
             break;
+    }
+    if (anticipate) {
+        uint64_t q = g->queue_end_ns;
+        g->queue_end_ns = (q > now ? q : now) + g->kernel_ns;
     }
     if (now != start) {
         __atomic_fetch_add(&g->ctr->throttled_ns, now - start, __ATOMIC_RELAXED);
         __atomic_fetch_add(&g->ctr->waits, 1, __ATOMIC_RELAXED);
     }
+    return anticipate;
 }
 
 /* ---------- the launch path ---------- */
@@ -198,6 +384,7 @@ static void opportunistic_admit(struct tgs_gpu *g, uint64_t blocks) {
 struct launch {
     struct tgs_gpu *g;
     uint64_t blocks;
+    int timed; /* between the timer's events */
 };
 
 static int capturing(CUstream s) {
@@ -220,16 +407,23 @@ static inline void launch_begin(struct launch *L, CUstream s, uint64_t blocks) {
         return;
     L->g = g;
     L->blocks = blocks;
-    if (g_tgs.cls == TGS_CLASS_OPPORTUNISTIC)
-        opportunistic_admit(g, blocks);
-    else
+    L->timed = 0;
+    if (g_tgs.cls == TGS_CLASS_OPPORTUNISTIC) {
+        if (opportunistic_admit(g, blocks))
+            L->timed = timer_start(g, s);
+    } else {
         mark_busy(g); /* before the launch: no opportunistic launch slips in between */
+    }
 }
 
 static inline void launch_end(struct launch *L, CUresult r, CUstream s, uint64_t kernels) {
-    if (!L->g || r != CUDA_SUCCESS)
+    if (!L->g)
         return;
     struct tgs_gpu *g = L->g;
+    if (unlikely(L->timed))
+        timer_stop(g, s, r == CUDA_SUCCESS);
+    if (r != CUDA_SUCCESS)
+        return;
     __atomic_fetch_add(&g->ctr->launches, kernels, __ATOMIC_RELAXED);
     __atomic_fetch_add(&g->ctr->blocks, L->blocks, __ATOMIC_RELAXED);
     if (g_tgs.cls == TGS_CLASS_OPPORTUNISTIC && g->budget->inflight_max)
@@ -448,8 +642,12 @@ static CUresult synced(CUresult r, int current_only) {
     struct tgs_gpu *g = tgs_current_gpu();
     if (g) {
         __atomic_fetch_add(&g->ctr->syncs, 1, __ATOMIC_RELAXED);
-        if (g_tgs.cls == TGS_CLASS_PRODUCTION)
-            tgs_production_idle(g);
+        if (g_tgs.cls == TGS_CLASS_PRODUCTION) {
+            if (tgs_production_idle(g))
+                expect_next(g, tgs_now());
+        } else {
+            g->queue_end_ns = 0; /* what it launched is done (on this stream at least) */
+        }
     }
     return r;
 }

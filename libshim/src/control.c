@@ -174,6 +174,7 @@ void tgs_map_activity(struct tgs_gpu *g) {
     }
     struct tgs_activity *a = p;
     g->activity = a->busy;
+    g->expect = &a->idle_ns;
     if (prod)
         g->activity_rw = a->busy;
 }

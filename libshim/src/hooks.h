@@ -33,6 +33,7 @@
     X(cuCtxGetCurrent) X(cuCtxSetCurrent) X(cuCtxGetDevice) X(cuDeviceGetUuid_v2)            \
     X(cuDeviceGetUuid) X(cuDriverGetVersion) X(cuStreamCreate) X(cuStreamIsCapturing)        \
     X(cuEventCreate) X(cuEventDestroy_v2) X(cuEventRecord) X(cuEventQuery)                   \
+    X(cuEventElapsedTime)                                                                    \
     X(cuGraphGetNodes) X(cuGraphNodeGetType) X(cuGraphKernelNodeGetParams_v2)               \
     X(cuMemAdvise) X(cuMemAdvise_v2) X(cuMemPrefetchAsync) X(cuMemPrefetchAsync_v2)          \
     X(cuGetErrorName)

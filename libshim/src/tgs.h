@@ -34,6 +34,15 @@ TGS_HIDDEN void tgs_log(int level, const char *fmt, ...) __attribute__((format(p
 enum tgs_mode { TGS_MODE_UNKNOWN = 0, TGS_MODE_PASS = 1, TGS_MODE_ACTIVE = 2 };
 
 #define TGS_INFLIGHT_RING 64
+enum { TGS_EXPECT_IDLE, TGS_EXPECT_DUE, TGS_EXPECT_UNTIL };
+enum tgs_timer {
+    TGS_TIMER_IDLE = 0,    /* free to time a launch */
+    TGS_TIMER_RUNNING = 1, /* its events are recorded around a kernel not yet read */
+    TGS_TIMER_BUSY = 2,    /* a thread is recording or reading it */
+};
+#define TGS_GAPS 8        /* production gaps remembered to expect the next launch */
+#define TGS_TIME_EVERY 8  /* opportunistic launches per timed one */
+#define TGS_TIMED 5       /* timed kernels remembered */
 
 struct tgs_gpu { /* one control-block GPU slot, as this process sees it */
     int slot;
@@ -42,10 +51,25 @@ struct tgs_gpu { /* one control-block GPU slot, as this process sees it */
     const volatile uint8_t *activity;      /* all production processes' busy bytes */
     volatile uint8_t *activity_rw;         /* production: mapped read-write */
     int busy_marked;                       /* production: our byte is set */
+    volatile uint64_t *expect;             /* tgs_activity.idle_ns, due_ns, due_until_ns (TGS_EXPECT_*;
+                                              read-write for production) */
+    uint64_t idle_ns;                      /* production: when it last went idle (0: busy or never) */
+    uint64_t gaps[TGS_GAPS];               /* production: its last gaps from idle to the next launch */
+    unsigned ngaps;
+    uint64_t my_due;                       /* production: the due_ns it wrote last */
+    uint64_t logged_gap;                   /* production: the shortest gap it last logged */
     pthread_mutex_t inflight_lock;         /* opportunistic: kernels in flight */
     CUevent ev[TGS_INFLIGHT_RING];
     CUcontext ev_ctx[TGS_INFLIGHT_RING];
     unsigned ev_head, ev_count;
+    CUevent timer[2];                      /* opportunistic: times one kernel in TGS_TIME_EVERY */
+    CUcontext timer_ctx;
+    int timing;                            /* enum tgs_timer */
+    unsigned untimed;                      /* launches since the last timed one */
+    uint64_t timed_ns[TGS_TIMED];          /* the last kernels timed */
+    unsigned ntimed;
+    uint64_t kernel_ns;                    /* how long its kernels run: their median (0: not known yet) */
+    uint64_t queue_end_ns;                 /* when what it launched is expected to be done */
 };
 
 struct tgs_state {
@@ -95,7 +119,7 @@ TGS_HIDDEN void tgs_agent_send(const void *msg, uint32_t size);
 TGS_HIDDEN void tgs_msg_init(struct tgs_msg_header *h, uint16_t type, uint32_t size);
 
 /* compute.c */
-TGS_HIDDEN void tgs_production_idle(struct tgs_gpu *g);
+TGS_HIDDEN int tgs_production_idle(struct tgs_gpu *g); /* 1 when it was busy */
 TGS_HIDDEN void tgs_compute_after_fork(void);
 
 /* memory.c */

@@ -95,6 +95,12 @@ class SimGPU:
     def status(self) -> dict:
         return sim.status(self.state)
 
+    def snapshots(self, seconds: float) -> tuple[dict, dict]:
+        """The accounting now and `seconds` later."""
+        before = self.status()
+        time.sleep(seconds)
+        return before, self.status()
+
     def context(self, label: str, device: int = 0) -> dict:
         return sim.contexts(self.status(), device)[label]
 

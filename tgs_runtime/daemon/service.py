@@ -620,8 +620,8 @@ class Daemon:
         floor = max(int(finite * cc.floor_fraction), 1) if cc.floor_fraction > 0 else 0
         burst = 0 if rate == UNLIMITED else max(int(rate * cc.burst_ms / 1000), 1)
         quota = self.cfg.memory.opportunistic_quota.of(st.budget_bytes)
-        c.control.set_budget(slot, rate=rate, burst=burst, floor=floor, inflight=inflight, gate=gate, quota=quota,
-                             view_total=quota)
+        c.control.set_budget(slot, rate=rate, burst=burst, floor=floor, inflight=inflight, gate=gate,
+                             anticipate=gate and cc.anticipate, quota=quota, view_total=quota)
         c.budget[slot] = share
 
     def _write_budgets(self, c: Container) -> None:
@@ -685,6 +685,7 @@ class Daemon:
                     "id": c.id, "class": c.label, "phase": c.phase.value, "processes": len(c.processes),
                     "budget_blocks_per_s": None if b.rate_blocks_per_s == UNLIMITED else b.rate_blocks_per_s,
                     "inflight_max": b.inflight_max, "gated": bool(b.flags & proto.GPU_GATE),
+                    "anticipating": bool(b.flags & proto.GPU_ANTICIPATE),
                     "turn": None if st.share.turn.holder is None or c.cls == proto.Class.PRODUCTION
                     else st.share.turn.holder == c.id,
                     "progress_blocks_per_s": round(c.achieved[slot], 1), "launches": ctr.launches,

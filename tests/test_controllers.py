@@ -96,6 +96,21 @@ def test_a_production_job_after_an_idle_spell_starts_from_no_limit():
     while (b := r.run(DT)).state == "profile":
         pass
     assert b.rate == UNLIMITED, "the limit the last job needed is not carried over"
+    assert b.inflight == 2, "nor the in-flight bound it was cut to"
+
+
+def test_a_load_change_brings_back_the_configured_in_flight_bound():
+    r = Rig(fast(), harm=0.2)
+    r.run(2, opportunistic=False)
+    assert r.run(15).inflight == 1, "harm lowered the bound"
+    r.solo, r.harm = 100_000.0, 0.0  # production's load doubles; opportunistic work no longer hurts it
+    for _ in range(50):
+        if r.run(DT).state == "profile":
+            break
+    b = r.run(3)
+    assert b.state == "run" and b.inflight == 2
+    r.run(10)
+    assert r.budget.inflight == 2, "kept while production holds"
 
 
 def test_no_harm_keeps_opportunistic_free():

@@ -24,7 +24,8 @@ take turns at it (`take_turns`). Pure logic: no clocks, no I/O.
   Production's own load growing (P above S by 10 % for half a second) or falling (cuts
   that do not bring P back) triggers a new profile. Production launching nothing for
   half a second lifts the limit at once, and its return is profiled (it may be a new
-  job). The first violation lowers the in-flight bound to one kernel instead; if cuts
+  job). The first violation lowers the in-flight bound to one kernel instead (until the
+  next change of load or pair, which starts from the configured bound); if cuts
   still do not help soon after a profile (one cut when P fell far, two when it fell a
   few percent), production's present progress is taken as its solo progress and the rate
   goes back to where it was. Decisions every 0.5 s on windows of up to 3 s: it reacts in
@@ -181,9 +182,14 @@ class FastController:
     def _profile(self, t: float, periodic: bool = False) -> None:
         """Pauses opportunistic work to measure production alone. Only the periodic profile
         of a run of production keeps the earlier ones to average with: any other comes
-        after a change (a new pair, a return from idle, a load change)."""
+        after a change (a new pair, a return from idle, a load change), and the load after
+        it starts from the configured in-flight bound, as from no rate limit: a bound of
+        one, taken against the last load's harm, costs opportunistic work the moments
+        between one of its kernels ending and the next being launched (a fifth of the
+        idle time beside 75 % duty on simgpu, docs/results.md, dynamics)."""
         if not periodic:
             self.profiles = []
+            self.inflight = self.cfg.inflight
         self.profile_from = t
         self.profiled_at = t
         self._change(t, Phase.PROFILE)
@@ -218,8 +224,9 @@ class FastController:
             if s.opportunistic:
                 if self.solo is None:
                     self._profile(t)
-                else:
+                else:  # a new pair whose production is known: no profile, a fresh start
                     self.rate_good = UNLIMITED
+                    self.inflight = self.cfg.inflight
                     self._change(t, Phase.RUN, UNLIMITED)
             return self._budget()
         if self.phase == Phase.PROFILE:

@@ -55,6 +55,23 @@ def table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
     return "\n".join([line(cells[0]), "| " + " | ".join("-" * w for w in widths) + " |", *map(line, cells[1:])])
 
 
+CONTROLLERS = ("tgs-paper", "fast")
+
+
+class BadSetting(ValueError):
+    """A TGS_BENCH_* environment variable that cannot be used; says what was expected."""
+
+
+def controllers() -> list[str]:
+    """The controllers a benchmark compares: TGS_BENCH_CONTROLLERS (a comma list), else both."""
+    wanted = [c.strip() for c in os.environ.get("TGS_BENCH_CONTROLLERS", ",".join(CONTROLLERS)).split(",") if c.strip()]
+    unknown = [c for c in wanted if c not in CONTROLLERS]
+    if unknown or not wanted:
+        raise BadSetting(f"TGS_BENCH_CONTROLLERS={os.environ.get('TGS_BENCH_CONTROLLERS')!r}: "
+                         f"expected a comma list of {', '.join(CONTROLLERS)}")
+    return wanted
+
+
 def median(xs: Sequence[float]) -> float:
     return statistics.median(xs) if xs else float("nan")
 

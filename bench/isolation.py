@@ -9,11 +9,10 @@ opportunistic gets >= 0.8 of the idle time. TGS_BENCH_CONTROLLERS=fast (a comma 
 runs only those controllers, for a shorter run."""
 from __future__ import annotations
 
-import os
 import time
 from pathlib import Path
 
-from bench.common import Echo, Outputs, machine, table
+from bench.common import Echo, Outputs, controllers, machine, table
 from bench.lab import Lab, opportunistic, production
 
 DUTIES = (0.25, 0.5, 0.75)
@@ -38,6 +37,7 @@ def run(echo: Echo = print, quick: bool = False, json_path: Path | None = None) 
     scale = 0.4 if quick else 1.0
     ex_s, co_s, fast_s, paper_s = 12 * scale, 14 * scale, 18 * scale, 45 * scale
     results: dict = {"settings": {}, "solo": {}}
+    wanted = controllers()
     gpu = None
     with Lab() as lab:
         gpu = lab.gpu_label
@@ -54,7 +54,6 @@ def run(echo: Echo = print, quick: bool = False, json_path: Path | None = None) 
                     "opp": lab.run(opportunistic(co_s, report_s=REPORT_S), f"co-opp-{d}")}
             results["settings"].setdefault("co-execution", {})[str(d)] = measure(lab, jobs, co_s / 4, co_s)
             echo(f"  co-execution at {d:.0%}: {results['settings']['co-execution'][str(d)]['rates']}")
-    wanted = os.environ.get("TGS_BENCH_CONTROLLERS", "tgs-paper,fast").split(",")
     for name, controller, seconds, warm in (("tgs-paper", "tgs-paper", paper_s, 0.5), ("fast", "fast", fast_s, 1 / 3)):
         if name not in wanted:
             continue

@@ -92,3 +92,20 @@ def test_the_suite_fits_its_budget_and_says_what_it_left_out(tmp_path, monkeypat
     monkeypatch.setenv("TGS_SUITE", "nonsense")
     with pytest.raises(ValueError, match="TGS_SUITE names nonsense"):
         suite.run(echo=lambda _line: None)
+
+
+def test_the_controllers_to_compare_come_from_the_environment_and_a_typo_stops_the_run(monkeypatch):
+    from click.testing import CliRunner
+
+    from bench.common import controllers
+    from tgs_runtime.commands.bench import bench_cmd
+
+    monkeypatch.delenv("TGS_BENCH_CONTROLLERS", raising=False)
+    assert controllers() == ["tgs-paper", "fast"]
+    monkeypatch.setenv("TGS_BENCH_CONTROLLERS", "fast")
+    assert controllers() == ["fast"]
+    monkeypatch.setenv("TGS_BENCH_CONTROLLERS", "fats")
+    for name in ("isolation", "dynamics"):  # before anything runs
+        out = CliRunner().invoke(bench_cmd, [name])
+        assert out.exit_code == 1 and "TGS_BENCH_CONTROLLERS='fats': expected" in out.output, out.output
+        assert "solo" not in out.output

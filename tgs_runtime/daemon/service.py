@@ -588,8 +588,10 @@ class Daemon:
         claimants = [Claimant(c.id, c.attained(), c.achieved[s], c.budget[s], c.order) for c, s in opp if c.processes]
         rates = split(self.cfg.control.share, budget.rate, claimants, st.share, self.cfg.control.las_min_share,
                       one_only=self.cfg.control.controller == Controller.TGS_PAPER)
-        if st.last.get("rate") != budget.rate or st.last.get("state") != budget.state:
+        if (st.last.get("rate"), st.last.get("state"), st.last.get("inflight")) != (budget.rate, budget.state,
+                                                                                   budget.inflight):
             self.log.debug("controller decision", gpu=uuid, state=budget.state, rate=_rate_text(budget.rate),
+                           inflight_max=budget.inflight,
                            solo_blocks_per_s=budget.solo, progress_blocks_per_s=round(budget.progress),
                            shares={k: _rate_text(v) for k, v in rates.items()})
         st.last = {"state": budget.state, "rate": budget.rate, "solo": budget.solo, "progress": budget.progress,

@@ -126,3 +126,19 @@ def test_tgs_dir_without_a_control_block(simgpu, libshim, tmp_path):
     p = simgpu.run(SHORT, "empty", {"LD_PRELOAD": str(libshim.shim), "TGS_DIR": str(tmp_path)})
     assert p.popen.returncode == 0
     one_line(p.stderr, "holds no control block")
+
+
+def test_a_process_switching_between_contexts_leaks_nothing(simgpu, container, libshim, c_programs):
+    """The shim's own events (the in-flight ring, the kernel timer) belong to a context: a
+    process that uses two contexts of one GPU in turn must not leave one behind per switch,
+    and contexts destroyed and made again (their handles may come back) must still work."""
+    c = container(proto.Class.OPPORTUNISTIC)
+    c.control.set_budget(0, rate=proto.RATE_UNLIMITED, burst=108, inflight=2, gate=True, anticipate=True)
+    exe = c_programs("shim_checks.c", link_cuda=True)
+    proc = subprocess.run([str(exe), "contexts", "400"], env=simgpu.env("contexts", c.env(libshim.shim)),
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    out = json.loads(proc.stdout)
+    # 800 switches: when the shim dropped another context's events instead of destroying
+    # them, these rounds left 102,432 bytes of simgpu's events behind; now 0
+    assert out["heap_growth_bytes"] < 16 * 1024, out

@@ -115,6 +115,22 @@ static int production_busy(const struct tgs_gpu *g) {
     return 0;
 }
 
+/* ---------- opportunistic: the shim's own events ---------- */
+
+/* Whether an event the shim made (in context `made_in`, context generation `made_gen`)
+ * serves the calling thread's context `ctx` now (generation `gen`). One that does not is
+ * destroyed if no context has been destroyed since it was made (its context lives:
+ * dropping it would leak it, once per switch between two contexts on one GPU), else
+ * forgotten (it may have died with its context; its handle may be reused). */
+static int event_serves(CUevent *e, CUcontext made_in, unsigned made_gen, CUcontext ctx, unsigned gen) {
+    if (*e && made_in == ctx && made_gen == gen)
+        return 1;
+    if (*e && made_gen == gen)
+        REAL(cuEventDestroy_v2)(*e);
+    *e = NULL;
+    return 0;
+}
+
 /* ---------- opportunistic: kernels in flight ---------- */
 
 static int inflight_wait(struct tgs_gpu *g, unsigned max) {
@@ -139,13 +155,17 @@ static int inflight_wait(struct tgs_gpu *g, unsigned max) {
 static void inflight_record(struct tgs_gpu *g, CUstream s) {
     CUcontext ctx = NULL;
     REAL(cuCtxGetCurrent)(&ctx);
+    unsigned gen = tgs_context_generation();
     pthread_mutex_lock(&g->inflight_lock);
     if (g->ev_count < TGS_INFLIGHT_RING) {
         unsigned i = (g->ev_head + g->ev_count) % TGS_INFLIGHT_RING;
-        if (!g->ev[i] || g->ev_ctx[i] != ctx) {
-            g->ev[i] = NULL; /* an event of another context is left to that context */
-            if (REAL(cuEventCreate)(&g->ev[i], CU_EVENT_DISABLE_TIMING) == CUDA_SUCCESS)
+        if (!event_serves(&g->ev[i], g->ev_ctx[i], g->ev_gen[i], ctx, gen)) {
+            if (REAL(cuEventCreate)(&g->ev[i], CU_EVENT_DISABLE_TIMING) == CUDA_SUCCESS) {
                 g->ev_ctx[i] = ctx;
+                g->ev_gen[i] = gen;
+            } else {
+                g->ev[i] = NULL;
+            }
         }
         if (g->ev[i] && REAL(cuEventRecord)(g->ev[i], s) == CUDA_SUCCESS)
             g->ev_count++;
@@ -184,15 +204,22 @@ __attribute__((noinline)) static int timer_start_now(struct tgs_gpu *g, CUstream
     __atomic_store_n(&g->untimed, 0, __ATOMIC_RELAXED);
     CUcontext ctx = NULL;
     REAL(cuCtxGetCurrent)(&ctx);
-    if (!g->timer[0] || !g->timer[1] || g->timer_ctx != ctx) {
-        g->timer[0] = g->timer[1] = NULL; /* another context's events are left to it */
-        if (REAL(cuEventCreate)(&g->timer[0], CU_EVENT_DEFAULT) != CUDA_SUCCESS ||
-            REAL(cuEventCreate)(&g->timer[1], CU_EVENT_DEFAULT) != CUDA_SUCCESS) {
-            g->timer[0] = g->timer[1] = NULL;
+    unsigned gen = tgs_context_generation();
+    int serves = event_serves(&g->timer[0], g->timer_ctx, g->timer_gen, ctx, gen);
+    serves &= event_serves(&g->timer[1], g->timer_ctx, g->timer_gen, ctx, gen); /* both looked at */
+    if (!serves) {
+        CUevent a = NULL, b = NULL;
+        int made = REAL(cuEventCreate)(&a, CU_EVENT_DEFAULT) == CUDA_SUCCESS;
+        if (!made || REAL(cuEventCreate)(&b, CU_EVENT_DEFAULT) != CUDA_SUCCESS) {
+            if (made)
+                REAL(cuEventDestroy_v2)(a);
             __atomic_store_n(&g->timing, TGS_TIMER_IDLE, __ATOMIC_RELEASE);
             return 0;
         }
+        g->timer[0] = a;
+        g->timer[1] = b;
         g->timer_ctx = ctx;
+        g->timer_gen = gen;
     }
     if (REAL(cuEventRecord)(g->timer[0], s) != CUDA_SUCCESS) {
         __atomic_store_n(&g->timing, TGS_TIMER_IDLE, __ATOMIC_RELEASE);
@@ -665,8 +692,24 @@ TGS_API CUresult CUDAAPI cuCtxSynchronize_v2(CUcontext ctx) {
     return synced(REAL(cuCtxSynchronize_v2)(ctx), !ctx || ctx == cur);
 }
 
+/* ---------- contexts that end: what the shim cached for them goes ---------- */
+
 TGS_API CUresult CUDAAPI cuCtxDestroy_v2(CUcontext ctx) {
     CUresult r = REAL(cuCtxDestroy_v2)(ctx);
+    if (r == CUDA_SUCCESS)
+        tgs_forget_contexts();
+    return r;
+}
+/* the last release of a primary context destroys it (cudart's teardown) */
+TGS_API CUresult CUDAAPI cuDevicePrimaryCtxRelease_v2(CUdevice dev) {
+    CUresult r = REAL(cuDevicePrimaryCtxRelease_v2)(dev);
+    if (r == CUDA_SUCCESS)
+        tgs_forget_contexts();
+    return r;
+}
+/* cudaDeviceReset: the primary context's handle stays, its events do not */
+TGS_API CUresult CUDAAPI cuDevicePrimaryCtxReset_v2(CUdevice dev) {
+    CUresult r = REAL(cuDevicePrimaryCtxReset_v2)(dev);
     if (r == CUDA_SUCCESS)
         tgs_forget_contexts();
     return r;

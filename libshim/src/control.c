@@ -270,4 +270,8 @@ struct tgs_gpu *tgs_current_gpu(void) {
     return g;
 }
 
+/* A context may have been destroyed: what was cached per context is looked up again. */
 void tgs_forget_contexts(void) { __atomic_add_fetch(&g_ctx_generation, 1, __ATOMIC_RELAXED); }
+
+/* Unchanged since a context was seen: that context still lives. */
+unsigned tgs_context_generation(void) { return __atomic_load_n(&g_ctx_generation, __ATOMIC_RELAXED); }

@@ -21,6 +21,7 @@
     X(cuStreamBeginCaptureToGraph_ptsz) X(cuStreamEndCapture) X(cuStreamEndCapture_ptsz)     \
     X(cuStreamSynchronize) X(cuStreamSynchronize_ptsz) X(cuCtxSynchronize)                   \
     X(cuCtxSynchronize_v2) X(cuEventSynchronize) X(cuCtxDestroy_v2)                          \
+    X(cuDevicePrimaryCtxRelease_v2) X(cuDevicePrimaryCtxReset_v2)                            \
     /* memory (memory.c) */                                                                 \
     X(cuMemAlloc_v2) X(cuMemAllocPitch_v2) X(cuMemAllocManaged) X(cuMemFree_v2)             \
     X(cuMemAllocAsync) X(cuMemAllocAsync_ptsz) X(cuMemAllocFromPoolAsync)                    \

@@ -60,10 +60,12 @@ struct tgs_gpu { /* one control-block GPU slot, as this process sees it */
     uint64_t logged_gap;                   /* production: the shortest gap it last logged */
     pthread_mutex_t inflight_lock;         /* opportunistic: kernels in flight */
     CUevent ev[TGS_INFLIGHT_RING];
-    CUcontext ev_ctx[TGS_INFLIGHT_RING];
+    CUcontext ev_ctx[TGS_INFLIGHT_RING];   /* the context each was made in, */
+    unsigned ev_gen[TGS_INFLIGHT_RING];    /* and the context generation then */
     unsigned ev_head, ev_count;
     CUevent timer[2];                      /* opportunistic: times one kernel in TGS_TIME_EVERY */
     CUcontext timer_ctx;
+    unsigned timer_gen;
     int timing;                            /* enum tgs_timer */
     unsigned untimed;                      /* launches since the last timed one */
     uint64_t timed_ns[TGS_TIMED];          /* the last kernels timed */
@@ -105,6 +107,7 @@ TGS_HIDDEN struct tgs_gpu *tgs_gpu_of_uuid(const CUuuid *uuid);
 TGS_HIDDEN struct tgs_gpu *tgs_gpu_of_device(CUdevice dev);
 TGS_HIDDEN struct tgs_gpu *tgs_current_gpu(void);
 TGS_HIDDEN void tgs_forget_contexts(void);
+TGS_HIDDEN unsigned tgs_context_generation(void);
 TGS_HIDDEN void tgs_format_uuid(const unsigned char b[16], char out[TGS_UUID_LEN]);
 TGS_HIDDEN uint64_t tgs_now(void);
 TGS_HIDDEN void tgs_sleep_until(uint64_t t_ns);

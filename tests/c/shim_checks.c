@@ -9,9 +9,13 @@
  *   shim_checks threads T S        T threads launching 1 ms kernels for S seconds; print kernels/s
  *   shim_checks fork               fork while another thread launches; both sides go on
  *   shim_checks hold MB S          allocate MB with cuMemAlloc, print the pointer, sleep S seconds
+ *   shim_checks contexts N         N rounds of kernels in each of two contexts of GPU 0, then the
+ *                                  same after destroying and making them again; print the heap
+ *                                  bytes (mallinfo2) the rounds left in use
  */
 #define _GNU_SOURCE
 #include <cuda.h>
+#include <malloc.h>
 #include <pthread.h>
 #include <stdarg.h>
 #include <stdint.h>
@@ -233,6 +237,47 @@ static void check_hold(int mb, double seconds) {
     usleep((useconds_t)(seconds * 1e6));
 }
 
+struct two { CUcontext ctx[2]; CUfunction spin[2]; };
+
+/* Three short kernels in each context, then a wait (three: the shim's event ring and
+ * its one-in-eight timing then meet both contexts in each of their slots). */
+static void round_in(struct two *t, int n) {
+    unsigned long long ns = 20000;
+    void *args[] = {&ns};
+    for (int i = 0; i < n; i++) {
+        for (int k = 0; k < 2; k++) {
+            OK(cuCtxSetCurrent(t->ctx[k]));
+            for (int j = 0; j < 3; j++)
+                OK(cuLaunchKernel(t->spin[k], 108, 1, 1, 128, 1, 1, 0, NULL, args, NULL));
+            OK(cuCtxSynchronize());
+        }
+    }
+}
+
+static void make_two(struct two *t) {
+    for (int k = 0; k < 2; k++) {
+        OK(cuCtxCreate(&t->ctx[k], NULL, 0, 0));
+        CUmodule m;
+        OK(cuModuleLoadData(&m, tgs_workload_ptx));
+        OK(cuModuleGetFunction(&t->spin[k], m, "tgs_spin"));
+    }
+}
+
+static void check_contexts(int n) {
+    OK(cuInit(0));
+    struct two t;
+    make_two(&t);
+    round_in(&t, 16); /* what is made once (per-thread caches, the first events) */
+    size_t before = mallinfo2().uordblks;
+    round_in(&t, n);
+    size_t grown = mallinfo2().uordblks - before;
+    for (int k = 0; k < 2; k++)
+        OK(cuCtxDestroy(t.ctx[k]));
+    make_two(&t); /* handles of destroyed contexts may come back */
+    round_in(&t, n);
+    printf("{\"rounds\": %d, \"heap_growth_bytes\": %zu}\n", n, grown);
+}
+
 int main(int argc, char **argv) {
     if (argc < 2)
         return 2;
@@ -248,6 +293,7 @@ int main(int argc, char **argv) {
     else if (!strcmp(c, "threads")) check_threads(a, b);
     else if (!strcmp(c, "fork")) check_fork();
     else if (!strcmp(c, "hold")) check_hold(a, b);
+    else if (!strcmp(c, "contexts")) check_contexts(a);
     else return 2;
     return 0;
 }

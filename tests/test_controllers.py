@@ -22,6 +22,7 @@ class Rig:
     def __init__(self, ctl, solo=50_000.0, harm=0.0, capacity=100_000.0, lag_s=0.0):
         self.ctl, self.solo, self.harm, self.capacity, self.t = ctl, solo, harm, capacity, 0.0
         self.budget = None
+        self.processes = frozenset({1})  # production's processes, as tgsd tells them
         self.queued = collections.deque([capacity] * round(lag_s / DT))  # opportunistic work still to hurt
 
     def run(self, seconds, production=True, opportunistic=True):
@@ -31,7 +32,8 @@ class Rig:
             opp = 0.0 if not opportunistic else min(self.capacity, float(rate))
             self.queued.append(opp)
             prod = max(0.0, self.solo - self.harm * self.queued.popleft()) if production else 0.0
-            self.budget = self.ctl.step(Sample(self.t, DT, int(prod * DT), int(opp * DT), production, opportunistic))
+            self.budget = self.ctl.step(Sample(self.t, DT, int(prod * DT), int(opp * DT), production, opportunistic,
+                                               production_processes=self.processes))
         return self.budget
 
 
@@ -97,6 +99,26 @@ def test_a_production_job_after_an_idle_spell_starts_from_no_limit():
         pass
     assert b.rate == UNLIMITED, "the limit the last job needed is not carried over"
     assert b.inflight == 2, "nor the in-flight bound it was cut to"
+
+
+def test_a_production_job_handing_over_to_the_next_is_not_taken_for_harm():
+    """One job's process ends and the next one's starts (the dynamics bench's phases):
+    for a moment production does nothing, which is no sign of opportunistic harm."""
+    r = Rig(fast(), harm=0.0)
+    r.run(2, opportunistic=False)
+    r.run(5)
+    solo = r.solo
+    r.solo, r.processes = 0.0, frozenset()  # the first job's process has ended
+    r.run(0.1)
+    r.processes = frozenset({2})  # the next one's has said hello, and starts launching
+    r.run(0.1)
+    r.solo = solo
+    inflight, rate = set(), set()
+    for _ in range(100):
+        b = r.run(DT)
+        inflight.add(b.inflight)
+        rate.add(b.rate)
+    assert inflight == {2} and rate == {UNLIMITED}, (inflight, rate)
 
 
 def test_a_load_change_brings_back_the_configured_in_flight_bound():

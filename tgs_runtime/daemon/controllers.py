@@ -24,8 +24,10 @@ take turns at it (`take_turns`). Pure logic: no clocks, no I/O.
   Production's own load growing (P above S by 10 % for half a second) or falling (cuts
   that do not bring P back) triggers a new profile. Production launching nothing for
   half a second lifts the limit at once, and its return is profiled (it may be a new
-  job). The first violation lowers the in-flight bound to one kernel instead (until the
-  next change of load or pair, which starts from the configured bound); if cuts
+  job). A production process that starts or ends (a new job; tgsd tells) restarts the
+  measurement: the moment of the change, when production does less, is not taken for
+  harm. The first violation lowers the in-flight bound to one kernel instead (until the
+  next change of load, job or pair, which starts from the configured bound); if cuts
   still do not help soon after a profile (one cut when P fell far, two when it fell a
   few percent), production's present progress is taken as its solo progress and the rate
   goes back to where it was. Decisions every 0.5 s on windows of up to 3 s: it reacts in
@@ -64,6 +66,10 @@ class Sample:
     production: bool           # a production container is attached to the GPU
     opportunistic: bool        # an opportunistic container is
     mark: Mark | None = None   # production's latest iteration start (one production container only)
+    # production's processes on the GPU (tgsd's ids of those with an activity slot): one
+    # that starts or ends changes production's load, and the moment of the change is no
+    # measure of sharing's harm
+    production_processes: frozenset[int] = frozenset()
 
 
 @dataclass(frozen=True)
@@ -167,6 +173,7 @@ class FastController:
         self.progress = 0.0
         self.inflight = cfg.inflight
         self.idle = False  # production attached but launching nothing
+        self.processes: frozenset[int] = frozenset()  # production's, as of the last sample
 
     def _change(self, t: float, phase: Phase | None = None, rate: int | None = None) -> None:
         if phase is not None:
@@ -213,6 +220,15 @@ class FastController:
                 self.solo, self.profiles = None, []
                 self._change(t, Phase.FREE, UNLIMITED)
             return self._budget()
+        if s.production_processes != self.processes:
+            # a production process started or ended (a job's turnover takes a moment in
+            # which production does less: not harm): judge from what follows, starting from
+            # the configured in-flight bound
+            self.processes = s.production_processes
+            if self.phase in (Phase.RUN, Phase.SOLO):
+                self.inflight = self.cfg.inflight
+                self.violations = 0
+                self._change(t)
         if self.phase == Phase.FREE:
             self._change(t, Phase.SOLO if not s.opportunistic else Phase.PROFILE)
             if self.phase == Phase.PROFILE:

@@ -583,7 +583,8 @@ class Daemon:
                 opp_blocks += delta
         prod = [(c, s) for c, s in members if c.cls == proto.Class.PRODUCTION]
         opp = [(c, s) for c, s in members if c.cls == proto.Class.OPPORTUNISTIC]
-        budget = st.controller.step(Sample(now, dt, prod_blocks, opp_blocks, bool(prod), bool(opp), _mark(prod)))
+        procs = frozenset(p.id for c, _ in prod for p in c.processes.values() if p.slot != proto.NO_SLOT)
+        budget = st.controller.step(Sample(now, dt, prod_blocks, opp_blocks, bool(prod), bool(opp), _mark(prod), procs))
         # a container none of whose processes has connected yet does not take part in the split
         claimants = [Claimant(c.id, c.attained(), c.achieved[s], c.budget[s], c.order) for c, s in opp if c.processes]
         rates = split(self.cfg.control.share, budget.rate, claimants, st.share, self.cfg.control.las_min_share,

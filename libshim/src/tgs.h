@@ -41,7 +41,7 @@ enum tgs_timer {
     TGS_TIMER_BUSY = 2,    /* a thread is recording or reading it */
 };
 #define TGS_GAPS 8        /* production gaps remembered to expect the next launch */
-#define TGS_TIME_EVERY 8  /* opportunistic launches per timed one */
+#define TGS_TIME_EVERY 32 /* opportunistic launches per timed one (two event records each) */
 #define TGS_TIMED 5       /* timed kernels remembered */
 
 struct tgs_gpu { /* one control-block GPU slot, as this process sees it */
@@ -67,6 +67,7 @@ struct tgs_gpu { /* one control-block GPU slot, as this process sees it */
     CUcontext timer_ctx;
     unsigned timer_gen;
     int timing;                            /* enum tgs_timer */
+    uint64_t timer_ready_ns;               /* the timed kernel's expected end: not queried before */
     unsigned untimed;                      /* launches since the last timed one */
     uint64_t timed_ns[TGS_TIMED];          /* the last kernels timed */
     unsigned ntimed;

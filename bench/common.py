@@ -117,9 +117,10 @@ class Outputs:
 
 @contextlib.contextmanager
 def standalone_containers(uuids: list[str], classes: dict[str, proto.Class],
-                          budget: Callable[[ControlBlock], None] | None = None) -> Iterator[dict[str, Path]]:
+                          budget: Callable[[str, ControlBlock], None] | None = None) -> Iterator[dict[str, Path]]:
     """Container directories made as tgsd makes them, with a fresh heartbeat and no socket:
-    for measuring the shim's own cost where tgsd's behaviour does not matter."""
+    for measuring the shim's own cost where tgsd's behaviour does not matter. `budget(name,
+    block)` sets each container's budgets."""
     with tempfile.TemporaryDirectory(prefix="tgs-bench-") as d:
         paths = StatePaths(Path(d))
         acts = []
@@ -134,7 +135,7 @@ def standalone_containers(uuids: list[str], classes: dict[str, proto.Class],
                 os.link(paths.activity(u), cp.activity(u))
             cb = ControlBlock.create(cp.control, klass, uuids)
             if budget:
-                budget(cb)
+                budget(name, cb)
             blocks.append(cb)
             dirs[name] = cp.dir
         stop = threading.Event()

@@ -3,7 +3,10 @@
 Zero-length kernels from one thread, on simgpu (or the real GPU when there is one), with
 and without the shim, interleaved round by round in one run: nanoseconds inside
 cuLaunchKernel per launch (medians), and on simgpu instructions per launch counted by
-callgrind beside them (repeatable whatever the machine is doing). Target: <= 100 ns added."""
+callgrind beside them (repeatable whatever the machine is doing). Modes: without the shim;
+the shim outside a TGS container; production; opportunistic with no limit; opportunistic
+anticipating an idle production's next launch (gate and expectation read on every launch,
+one launch in 32 timed between two events). Target: <= 100 ns added."""
 from __future__ import annotations
 
 import json
@@ -11,14 +14,20 @@ import re
 import shutil
 import subprocess
 import tempfile
+import time
 from pathlib import Path
 
 from bench.common import Echo, Outputs, machine, median, standalone_containers, table
 from tgs_runtime import proto, sim
+from tgs_runtime.control import ActivityFile, ContainerPaths
 from tgs_runtime.daemon.gpus import GpuInventory
 from tgs_runtime.paths import artifacts
 
-MODES = ["without the shim", "shim, no TGS", "production", "opportunistic, unlimited"]
+MODES = ["without the shim", "shim, no TGS", "production", "opportunistic, unlimited",
+         "opportunistic, anticipating"]
+# The last behind an idle production that expects to launch again in an hour: every launch
+# reads the gate and the expectation, and one in 32 is timed between two events.
+HOUR_NS = 3600 * 10**9
 
 
 def _env(settings: sim.SimSettings | None, mode: str, dirs: dict[str, Path]) -> dict[str, str]:
@@ -27,6 +36,8 @@ def _env(settings: sim.SimSettings | None, mode: str, dirs: dict[str, Path]) -> 
         env["LD_PRELOAD"] = str(artifacts().require(artifacts().shim))
     if mode == "production":
         env["TGS_DIR"] = str(dirs["production"])
+    elif mode == "opportunistic, anticipating":
+        env["TGS_DIR"] = str(dirs["anticipating"])
     elif mode.startswith("opportunistic"):
         env["TGS_DIR"] = str(dirs["opportunistic"])
     env["TGS_LOG_LEVEL"] = "error"  # no tgsd here on purpose: say nothing about it
@@ -62,11 +73,17 @@ def run(echo: Echo = print, quick: bool = False, json_path: Path | None = None) 
             settings.create()
             uuid = sim.status(settings.state)["devices"][0]["uuid"]
 
-        def unlimited(cb):
-            cb.set_budget(0, rate=proto.RATE_UNLIMITED, inflight=0)
+        def unlimited(name, cb):
+            anticipating = name == "anticipating"
+            cb.set_budget(0, rate=proto.RATE_UNLIMITED, inflight=0, gate=anticipating, anticipate=anticipating)
 
         with standalone_containers([uuid], {"production": proto.Class.PRODUCTION,
-                                            "opportunistic": proto.Class.OPPORTUNISTIC}, unlimited) as dirs:
+                                            "opportunistic": proto.Class.OPPORTUNISTIC,
+                                            "anticipating": proto.Class.OPPORTUNISTIC}, unlimited) as dirs:
+            expect = ActivityFile.open(ContainerPaths(dirs["anticipating"]).activity(uuid))
+            now = time.monotonic_ns()
+            expect.view.idle_ns, expect.view.due_ns, expect.view.due_until_ns = now, now + HOUR_NS, now + 2 * HOUR_NS
+            expect.close()
             samples = {m: [] for m in MODES}
             for r in range(rounds):
                 for mode in MODES:

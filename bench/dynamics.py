@@ -122,7 +122,8 @@ def plot(runs: dict, phase_s: float):
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(len(runs), 1, figsize=(10, 2.8 * len(runs)), sharex=True)
+    fig, grid = plt.subplots(len(runs), 1, figsize=(10, 2.8 * len(runs)), sharex=True, squeeze=False)
+    axes = grid[:, 0]  # one controller or two
     for ax, (controller, v) in zip(axes, runs.items()):
         for i, seg in enumerate(v["series"]["production"]):
             ax.plot([p[0] for p in seg], [p[1] for p in seg], color="C0", lw=1,

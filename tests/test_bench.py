@@ -109,3 +109,12 @@ def test_the_controllers_to_compare_come_from_the_environment_and_a_typo_stops_t
         out = CliRunner().invoke(bench_cmd, [name])
         assert out.exit_code == 1 and "TGS_BENCH_CONTROLLERS='fats': expected" in out.output, out.output
         assert "solo" not in out.output
+
+
+def test_the_dynamics_plot_draws_one_controller_as_well_as_two():
+    from bench.dynamics import plot
+
+    one = {"phases": [{"phase": "25 % duty", "start_s": 0.0, "production_s": 1.0, "opportunistic_s": 1.0}],
+           "series": {"production": [[(0.5, 1.0), (1.0, 0.99)]], "opportunistic": [(0.5, 0.7), (1.0, 0.75)]}}
+    for runs in ({"fast": one}, {"fast": one, "tgs-paper": one}):
+        assert len(plot(runs, 10.0).axes) == len(runs)

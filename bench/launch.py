@@ -82,7 +82,7 @@ def run(echo: Echo = print, quick: bool = False, json_path: Path | None = None) 
                                             "anticipating": proto.Class.OPPORTUNISTIC}, unlimited) as dirs:
             expect = ActivityFile.open(ContainerPaths(dirs["anticipating"]).activity(uuid))
             now = time.monotonic_ns()
-            expect.view.idle_ns, expect.view.due_ns, expect.view.due_until_ns = now, now + HOUR_NS, now + 2 * HOUR_NS
+            expect.expect(0, now, now + HOUR_NS, now + 2 * HOUR_NS)
             expect.close()
             samples = {m: [] for m in MODES}
             for r in range(rounds):

@@ -63,6 +63,7 @@ def test_control_block_pages():
     assert proto.Control.daemon.offset == proto.DAEMON_OFFSET
     assert proto.Control.shim.offset == proto.SHIM_OFFSET
     assert C.sizeof(proto.Control) == proto.CONTROL_SIZE
+    assert C.sizeof(proto.Activity) <= proto.ACTIVITY_SIZE, "the activity file is one page"
 
 
 def test_parse_refuses_what_breaks_the_contract():
@@ -81,3 +82,16 @@ def test_parse_refuses_what_breaks_the_contract():
         proto.parse(bytes(other))
     with pytest.raises(proto.ProtocolError, match="larger than"):
         proto.frame(b"\0" * (proto.MAX_FRAME + 1))
+
+
+def test_a_dead_production_process_leaves_neither_its_byte_nor_its_expectation(tmp_path):
+    from tgs_runtime.control import ActivityFile
+
+    act = ActivityFile.create(tmp_path / "activity")
+    act.view.busy[3] = 1
+    act.expect(3, 100, 200, 300)
+    assert act.view.expect_slots == 4, "opportunistic shims read expectations up to slot 3"
+    act.clear(3)
+    assert act.view.busy[3] == 0 and act.view.expect[3].due_until_ns == 0
+    act.clear(proto.EXPECT_SLOTS + 1)  # slots without an expectation are cleared too
+    act.close()

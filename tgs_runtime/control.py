@@ -215,4 +215,14 @@ class ActivityFile(_Mapped):
         return [i for i, b in enumerate(self.view.busy) if b]
 
     def clear(self, slot: int) -> None:
+        """A process that died: not busy, and nothing expected of it."""
         self.view.busy[slot] = 0
+        if slot < proto.EXPECT_SLOTS:
+            self.view.expect[slot].due_until_ns = 0
+
+    def expect(self, slot: int, idle_ns: int, due_ns: int, due_until_ns: int) -> None:
+        """Writes a production process's expectation as its shim does (benchmarks, tests)."""
+        e = self.view.expect[slot]
+        e.due_until_ns = 0
+        e.idle_ns, e.due_ns, e.due_until_ns = idle_ns, due_ns, due_until_ns
+        self.view.expect_slots = max(self.view.expect_slots, slot + 1)

@@ -16,6 +16,7 @@ MAX_FRAME = 65536
 MAX_GPUS = 8
 UUID_LEN = 48
 ACTIVITY_SLOTS = 256
+EXPECT_SLOTS = 64  # the lowest activity slots, whose processes say when they expect to launch again
 NO_SLOT = 0xFFFFFFFF
 PAGE = 4096
 CONTROL_SIZE = 4 * PAGE
@@ -74,7 +75,7 @@ class OrderOp(enum.IntEnum):
 CONSTANTS = {
     "TGS_PROTO_VERSION": PROTO_VERSION, "TGS_CONTROL_MAGIC": CONTROL_MAGIC, "TGS_ACTIVITY_MAGIC": ACTIVITY_MAGIC,
     "TGS_MSG_MAGIC": MSG_MAGIC, "TGS_MAX_FRAME": MAX_FRAME, "TGS_MAX_GPUS": MAX_GPUS, "TGS_UUID_LEN": UUID_LEN,
-    "TGS_ACTIVITY_SLOTS": ACTIVITY_SLOTS, "TGS_NO_SLOT": NO_SLOT, "TGS_PAGE": PAGE, "TGS_CONTROL_SIZE": CONTROL_SIZE,
+    "TGS_ACTIVITY_SLOTS": ACTIVITY_SLOTS, "TGS_EXPECT_SLOTS": EXPECT_SLOTS, "TGS_NO_SLOT": NO_SLOT, "TGS_PAGE": PAGE, "TGS_CONTROL_SIZE": CONTROL_SIZE,
     "TGS_DAEMON_OFFSET": DAEMON_OFFSET, "TGS_SHIM_OFFSET": SHIM_OFFSET, "TGS_ACTIVITY_SIZE": ACTIVITY_SIZE,
     "TGS_RATE_UNLIMITED": RATE_UNLIMITED, "TGS_NS_PER_BLOCK_SHIFT": NS_PER_BLOCK_SHIFT, "TGS_GPU_GATE": GPU_GATE,
     "TGS_GPU_ANTICIPATE": GPU_ANTICIPATE,
@@ -142,11 +143,16 @@ class Control(Struct):
     ]
 
 
+class Expectation(Struct):
+    """A production process's next launch, as it expects it when it goes idle."""
+    _c_name_ = "tgs_expectation"
+    _fields_ = [("idle_ns", u64), ("due_ns", u64), ("due_until_ns", u64)]
+
+
 class Activity(Struct):
     _c_name_ = "tgs_activity"
-    _fields_ = [("magic", u32), ("version", u32), ("nslots", u32), ("pad", u32),
-                ("idle_ns", u64), ("due_ns", u64), ("due_until_ns", u64), ("reserved", u64 * 4),
-                ("busy", u8 * ACTIVITY_SLOTS)]
+    _fields_ = [("magic", u32), ("version", u32), ("nslots", u32), ("expect_slots", u32), ("reserved", u64 * 7),
+                ("busy", u8 * ACTIVITY_SLOTS), ("expect", Expectation * EXPECT_SLOTS)]
 
 
 class MsgHeader(Struct):
@@ -192,7 +198,8 @@ class MsgBye(Struct):
     _fields_ = [("h", MsgHeader)]
 
 
-STRUCTS = [ControlHeader, GpuBudget, DaemonPart, GpuCounters, ShimPart, Control, Activity, MsgHeader, MsgHello,
+STRUCTS = [ControlHeader, GpuBudget, DaemonPart, GpuCounters, ShimPart, Control, Expectation, Activity, MsgHeader,
+           MsgHello,
            MsgHelloAck, MsgMem, MsgOrder, MsgOrderAck, MsgBye]
 
 # What each message type's body must be (the shim's side of the socket).

@@ -149,25 +149,32 @@ struct tgs_control {
  * containers map it read-write, opportunistic ones read-only; tgsd clears the byte of
  * a process that died.
  *
- * When a production process goes idle (idle_ns, CLOCK_MONOTONIC) it also says when it
- * expects to launch again: between due_ns and due_until_ns, from the gaps between its
- * last idle moments and the launches that followed (due_until_ns 0: no expectation, as
- * while it runs). With several production processes an expectation still ahead and
- * earlier than a new one stands.
+ * When a production process goes idle it also says, in expect[its slot], when it expects
+ * to launch again: between due_ns and due_until_ns (CLOCK_MONOTONIC), from the gaps between
+ * its last idle moments and the launches that followed (due_until_ns 0: no expectation, as
+ * while it runs). Only the lowest TGS_EXPECT_SLOTS slots have one (tgsd gives the lowest
+ * free slot); expect_slots is one more than the highest slot that has written one, so
+ * opportunistic shims read that many.
  */
 #define TGS_ACTIVITY_SIZE TGS_PAGE
+#define TGS_EXPECT_SLOTS 64u
+
+struct tgs_expectation {
+    uint64_t idle_ns;      /* the process went idle then */
+    uint64_t due_ns;       /* its next launch is expected from then */
+    uint64_t due_until_ns; /* until then at the latest */
+};
 
 struct tgs_activity {
     uint32_t magic;
     uint32_t version;
-    uint32_t nslots; /* TGS_ACTIVITY_SLOTS */
-    uint32_t pad;
-    uint64_t idle_ns;      /* production went idle then */
-    uint64_t due_ns;       /* its next launch is expected from then */
-    uint64_t due_until_ns; /* until then at the latest */
-    uint64_t reserved[4];
+    uint32_t nslots;       /* TGS_ACTIVITY_SLOTS */
+    uint32_t expect_slots; /* expect[0 .. expect_slots) may hold expectations */
+    uint64_t reserved[7];
     uint8_t busy[TGS_ACTIVITY_SLOTS];
+    struct tgs_expectation expect[TGS_EXPECT_SLOTS];
 };
+_Static_assert(sizeof(struct tgs_activity) <= TGS_ACTIVITY_SIZE, "the activity file is one page");
 
 /* ---------------------------------------------------------------------------------
  * Messages on a container's socket. Every body starts with struct tgs_msg_header;

@@ -36,26 +36,33 @@ static void mark_iteration(struct tgs_gpu *g, uint64_t now) {
     __atomic_store_n(&c->mark_seq, seq + 2, __ATOMIC_RELEASE);
 }
 
+/* This production process's expectation (its activity slot's), or NULL: none for slots
+ * from TGS_EXPECT_SLOTS on. */
+static volatile struct tgs_expectation *own_expectation(struct tgs_gpu *g, uint32_t slot) {
+    return g->expect && slot < TGS_EXPECT_SLOTS ? &g->expect[slot] : NULL;
+}
+
 /* The launch after an idle spell: remember how long the spell was, and withdraw the
  * expectation it raised (the GPU's gate now holds opportunistic work back). */
-static void note_gap(struct tgs_gpu *g, uint64_t now) {
+static void note_gap(struct tgs_gpu *g, uint32_t slot, uint64_t now) {
     uint64_t idle = g->idle_ns;
     if (!idle)
         return;
     g->idle_ns = 0;
     g->gaps[g->ngaps++ % TGS_GAPS] = now - idle;
-    volatile uint64_t *e = g->expect;
-    if (e && __atomic_load_n(&e[TGS_EXPECT_DUE], __ATOMIC_RELAXED) == g->my_due)
-        __atomic_store_n(&e[TGS_EXPECT_UNTIL], 0, __ATOMIC_RELAXED);
+    volatile struct tgs_expectation *e = own_expectation(g, slot);
+    if (e)
+        __atomic_store_n(&e->due_until_ns, 0, __ATOMIC_RELAXED);
 }
 
 /* Production went idle at `now`: it expects to launch again after the shortest of its
  * recent gaps and before the longest (at most twice the shortest: a job whose gaps vary
- * more is expected only around its shortest). Another process's expectation that is
- * still ahead and earlier stands. */
+ * more is expected only around its shortest). Each production process writes its own
+ * slot's expectation, and makes sure opportunistic shims read that far. */
 static void expect_next(struct tgs_gpu *g, uint64_t now) {
     g->idle_ns = now;
-    volatile uint64_t *e = g->expect;
+    uint32_t slot = __atomic_load_n(&g_tgs.activity_slot, __ATOMIC_RELAXED);
+    volatile struct tgs_expectation *e = own_expectation(g, slot);
     if (!e || g->ngaps < TGS_GAPS)
         return;
     uint64_t lo = UINT64_MAX, hi = 0;
@@ -69,15 +76,14 @@ static void expect_next(struct tgs_gpu *g, uint64_t now) {
         tgs_log(TGS_LOG_DEBUG, "expects to launch again %.1f-%.1f us after going idle", (double)lo / 1e3, (double)hi / 1e3);
         g->logged_gap = lo;
     }
-    uint64_t due = now + lo, until = now + hi;
-    if (__atomic_load_n(&e[TGS_EXPECT_UNTIL], __ATOMIC_RELAXED) > now &&
-        __atomic_load_n(&e[TGS_EXPECT_DUE], __ATOMIC_RELAXED) < due)
-        return;
-    __atomic_store_n(&e[TGS_EXPECT_UNTIL], 0, __ATOMIC_RELAXED); /* no window while it is written */
-    __atomic_store_n(&e[TGS_EXPECT_IDLE], now, __ATOMIC_RELAXED);
-    __atomic_store_n(&e[TGS_EXPECT_DUE], due, __ATOMIC_RELAXED);
-    __atomic_store_n(&e[TGS_EXPECT_UNTIL], until, __ATOMIC_RELEASE);
-    g->my_due = due;
+    __atomic_store_n(&e->due_until_ns, 0, __ATOMIC_RELAXED); /* no window while it is written */
+    __atomic_store_n(&e->idle_ns, now, __ATOMIC_RELAXED);
+    __atomic_store_n(&e->due_ns, now + lo, __ATOMIC_RELAXED);
+    __atomic_store_n(&e->due_until_ns, now + hi, __ATOMIC_RELEASE);
+    uint32_t n = __atomic_load_n(g->expect_slots, __ATOMIC_RELAXED);
+    while (n <= slot && !__atomic_compare_exchange_n(g->expect_slots, &n, slot + 1, 1, __ATOMIC_RELEASE,
+                                                      __ATOMIC_RELAXED))
+        ;
 }
 
 /* The first launch since production went idle (once per iteration: out of line). */
@@ -89,7 +95,7 @@ __attribute__((noinline)) static void mark_busy_now(struct tgs_gpu *g) {
     __atomic_store_n(&g->busy_marked, 1, __ATOMIC_RELAXED);
     uint64_t now = tgs_now();
     mark_iteration(g, now);
-    note_gap(g, now);
+    note_gap(g, slot, now);
 }
 
 static inline void mark_busy(struct tgs_gpu *g) {
@@ -353,28 +359,39 @@ static int must_wait_for_production(struct tgs_gpu *g, uint64_t now) {
     return (g->budget->flags & TGS_GPU_GATE) && g->activity && production_busy(g) && !tgs_heartbeat_age_ms(now, &age);
 }
 
-/* Called only when the budget says TGS_GPU_ANTICIPATE.
- * 0 when a kernel launched now would be done before production is next expected (or
- * a little after: this process's own start in the gap lags production's idle moment by
- * up to a gate poll), or production's expected window has passed without it, or its
- * kernels are too long for production's gaps anyway (then the gate and the controller
- * alone decide, as without anticipation); else when to look again. */
-__attribute__((noinline)) static uint64_t hold_back_until(struct tgs_gpu *g, uint64_t now) {
-    uint64_t k = g->kernel_ns;
-    const volatile uint64_t *e = g->expect;
-    if (!e || !k)
-        return 0;
-    uint64_t until = __atomic_load_n(&e[TGS_EXPECT_UNTIL], __ATOMIC_ACQUIRE);
-    uint64_t due = __atomic_load_n(&e[TGS_EXPECT_DUE], __ATOMIC_RELAXED);
-    uint64_t idle = __atomic_load_n(&e[TGS_EXPECT_IDLE], __ATOMIC_RELAXED);
-    if (now >= until)
-        return 0;
-    uint64_t start = g->queue_end_ns > now ? g->queue_end_ns : now;
+/* Whether a kernel of k ns starting at `start` runs into one production process's next
+ * launch (e: its expectation, live until `until`): it may end a little after production
+ * is due (this process's own start in the gap lags production's idle moment by up to a
+ * gate poll), and kernels too long for that process's gaps are not held back (the gate
+ * and the controller alone decide, as without anticipation). */
+static int runs_into(const volatile struct tgs_expectation *e, uint64_t start, uint64_t k) {
+    uint64_t due = __atomic_load_n(&e->due_ns, __ATOMIC_RELAXED);
+    uint64_t idle = __atomic_load_n(&e->idle_ns, __ATOMIC_RELAXED);
     uint64_t gap = due > idle ? due - idle : 0;
     uint64_t overrun = k / OVERRUN_KERNEL < gap / OVERRUN_GAP ? k / OVERRUN_KERNEL : gap / OVERRUN_GAP;
-    if (start + k <= due + overrun || k > gap)
+    return start + k > due + overrun && k <= gap;
+}
+
+/* Called only when the budget says TGS_GPU_ANTICIPATE.
+ * 0 when a kernel launched now would be done before each production process that has
+ * gone idle is next expected (or has let its expected window pass without launching);
+ * else when to look again. */
+__attribute__((noinline)) static uint64_t hold_back_until(struct tgs_gpu *g, uint64_t now) {
+    uint64_t k = g->kernel_ns;
+    if (!g->expect || !k)
         return 0;
-    return until < now + GATE_POLL_NS ? until : now + GATE_POLL_NS;
+    uint32_t n = __atomic_load_n(g->expect_slots, __ATOMIC_ACQUIRE);
+    n = n < TGS_EXPECT_SLOTS ? n : TGS_EXPECT_SLOTS;
+    uint64_t start = g->queue_end_ns > now ? g->queue_end_ns : now, look = 0;
+    for (uint32_t i = 0; i < n; i++) {
+        const volatile struct tgs_expectation *e = &g->expect[i];
+        uint64_t until = __atomic_load_n(&e->due_until_ns, __ATOMIC_ACQUIRE);
+        if (now >= until || !runs_into(e, start, k))
+            continue;
+        uint64_t again = until < now + GATE_POLL_NS ? until : now + GATE_POLL_NS;
+        look = look && look < again ? look : again;
+    }
+    return look;
 }
 
 static int must_hold_back(struct tgs_gpu *g, uint64_t now, int anticipate) {

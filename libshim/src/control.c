@@ -174,7 +174,8 @@ void tgs_map_activity(struct tgs_gpu *g) {
     }
     struct tgs_activity *a = p;
     g->activity = a->busy;
-    g->expect = &a->idle_ns;
+    g->expect = a->expect;
+    g->expect_slots = &a->expect_slots;
     if (prod)
         g->activity_rw = a->busy;
 }

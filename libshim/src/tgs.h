@@ -34,7 +34,6 @@ TGS_HIDDEN void tgs_log(int level, const char *fmt, ...) __attribute__((format(p
 enum tgs_mode { TGS_MODE_UNKNOWN = 0, TGS_MODE_PASS = 1, TGS_MODE_ACTIVE = 2 };
 
 #define TGS_INFLIGHT_RING 64
-enum { TGS_EXPECT_IDLE, TGS_EXPECT_DUE, TGS_EXPECT_UNTIL };
 enum tgs_timer {
     TGS_TIMER_IDLE = 0,    /* free to time a launch */
     TGS_TIMER_RUNNING = 1, /* its events are recorded around a kernel not yet read */
@@ -51,12 +50,11 @@ struct tgs_gpu { /* one control-block GPU slot, as this process sees it */
     const volatile uint8_t *activity;      /* all production processes' busy bytes */
     volatile uint8_t *activity_rw;         /* production: mapped read-write */
     int busy_marked;                       /* production: our byte is set */
-    volatile uint64_t *expect;             /* tgs_activity.idle_ns, due_ns, due_until_ns (TGS_EXPECT_*;
-                                              read-write for production) */
+    volatile struct tgs_expectation *expect; /* tgs_activity.expect[] (production writes its slot's) */
+    volatile uint32_t *expect_slots;       /* tgs_activity.expect_slots */
     uint64_t idle_ns;                      /* production: when it last went idle (0: busy or never) */
     uint64_t gaps[TGS_GAPS];               /* production: its last gaps from idle to the next launch */
     unsigned ngaps;
-    uint64_t my_due;                       /* production: the due_ns it wrote last */
     uint64_t logged_gap;                   /* production: the shortest gap it last logged */
     pthread_mutex_t inflight_lock;         /* opportunistic: kernels in flight */
     CUevent ev[TGS_INFLIGHT_RING];

@@ -91,7 +91,9 @@ def test_a_dead_production_process_leaves_neither_its_byte_nor_its_expectation(t
     act.view.busy[3] = 1
     act.expect(3, 100, 200, 300)
     assert act.view.expect_slots == 4, "opportunistic shims read expectations up to slot 3"
-    act.clear(3)
+    act.clear(3, in_use={0, 1})
     assert act.view.busy[3] == 0 and act.view.expect[3].due_until_ns == 0
+    assert act.view.expect_slots == 2, "opportunistic shims read no further than the slots in use"
     act.clear(proto.EXPECT_SLOTS + 1)  # slots without an expectation are cleared too
+    assert act.view.expect_slots == 0
     act.close()

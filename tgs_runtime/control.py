@@ -9,6 +9,7 @@ import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Iterable
 
 from tgs_runtime import proto
 
@@ -214,11 +215,14 @@ class ActivityFile(_Mapped):
     def busy_slots(self) -> list[int]:
         return [i for i, b in enumerate(self.view.busy) if b]
 
-    def clear(self, slot: int) -> None:
-        """A process that died: not busy, and nothing expected of it."""
+    def clear(self, slot: int, in_use: Iterable[int] = ()) -> None:
+        """A process that ended or died: not busy, and nothing expected of it. Opportunistic
+        shims then read expectations only as far as the slots still `in_use` (a shim that
+        writes one raises the count again itself)."""
         self.view.busy[slot] = 0
         if slot < proto.EXPECT_SLOTS:
             self.view.expect[slot].due_until_ns = 0
+        self.view.expect_slots = min(proto.EXPECT_SLOTS, max(in_use, default=-1) + 1)
 
     def expect(self, slot: int, idle_ns: int, due_ns: int, due_until_ns: int) -> None:
         """Writes a production process's expectation as its shim does (benchmarks, tests)."""

@@ -504,9 +504,11 @@ class Daemon:
         return slot
 
     def _clear_slot(self, slot: int, uuids) -> None:
+        """A production process is gone (its slot already released): its byte and its
+        expectation go, and opportunistic shims read no further than the slots in use."""
         for u in uuids:
             if u in self.gpus:
-                self.gpus[u].activity.clear(slot)
+                self.gpus[u].activity.clear(slot, in_use=self.slots)
 
     def _drop_process(self, c: Container, p: Process) -> None:
         if c.processes.pop(p.id, None) is None:

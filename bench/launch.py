@@ -6,7 +6,7 @@ cuLaunchKernel per launch (medians), and on simgpu instructions per launch count
 callgrind beside them (repeatable whatever the machine is doing). Modes: without the shim;
 the shim outside a TGS container; production; opportunistic with no limit; opportunistic
 anticipating an idle production's next launch (gate and expectation read on every launch,
-one launch in 32 timed between two events). Target: <= 100 ns added."""
+about one launch in 32 timed between two events). Target: <= 100 ns added."""
 from __future__ import annotations
 
 import json

@@ -205,9 +205,11 @@ void tgs_compute_after_fork(void) {
 
 /* ---------- opportunistic: how long its kernels run ---------- */
 
-/* One launch in TGS_TIME_EVERY (every one until the first is timed) goes between two
- * timing events; the estimate is the median of the last TGS_TIMED timed, so that one
- * slow kernel (the first touch of its memory) does not hold all the others back.
+/* About one launch in TGS_TIME_EVERY (every one until the first is timed) goes between
+ * two timing events, after a random 1/2 to 3/2 of that many (a job repeating a sequence
+ * of kernels whose length divides a fixed interval would have the same one timed over
+ * and over); the estimate is the median of the last TGS_TIMED timed, so that one slow
+ * kernel (the first touch of its memory) does not hold all the others back.
  * g->timing says where the timer is (enum tgs_timer); a thread that moves it to
  * TGS_TIMER_BUSY owns it until it sets it again. */
 __attribute__((noinline)) static int timer_start_now(struct tgs_gpu *g, CUstream s) {
@@ -216,6 +218,12 @@ __attribute__((noinline)) static int timer_start_now(struct tgs_gpu *g, CUstream
         !__atomic_compare_exchange_n(&g->timing, &expected, TGS_TIMER_BUSY, 0, __ATOMIC_ACQUIRE, __ATOMIC_RELAXED))
         return 0; /* another thread times one */
     __atomic_store_n(&g->untimed, 0, __ATOMIC_RELAXED);
+    uint32_t x = g->timer_rng ? g->timer_rng : (uint32_t)tgs_now() | 1u; /* xorshift32 */
+    x ^= x << 13;
+    x ^= x >> 17;
+    x ^= x << 5;
+    g->timer_rng = x;
+    __atomic_store_n(&g->time_after, TGS_TIME_EVERY / 2 + x % TGS_TIME_EVERY, __ATOMIC_RELAXED);
     CUcontext ctx = NULL;
     REAL(cuCtxGetCurrent)(&ctx);
     unsigned gen = tgs_context_generation();
@@ -249,7 +257,7 @@ static inline int timer_start(struct tgs_gpu *g, CUstream s) {
         return 0;
     unsigned n = __atomic_load_n(&g->untimed, __ATOMIC_RELAXED) + 1;
     __atomic_store_n(&g->untimed, n, __ATOMIC_RELAXED);
-    if (n < TGS_TIME_EVERY && g->kernel_ns)
+    if (n < __atomic_load_n(&g->time_after, __ATOMIC_RELAXED) && g->kernel_ns)
         return 0;
     return timer_start_now(g, s);
 }

@@ -40,7 +40,7 @@ enum tgs_timer {
     TGS_TIMER_BUSY = 2,    /* a thread is recording or reading it */
 };
 #define TGS_GAPS 8        /* production gaps remembered to expect the next launch */
-#define TGS_TIME_EVERY 32 /* opportunistic launches per timed one (two event records each) */
+#define TGS_TIME_EVERY 32 /* opportunistic launches per timed one, on average (two event records each) */
 #define TGS_TIMED 5       /* timed kernels remembered */
 
 struct tgs_gpu { /* one control-block GPU slot, as this process sees it */
@@ -67,6 +67,8 @@ struct tgs_gpu { /* one control-block GPU slot, as this process sees it */
     int timing;                            /* enum tgs_timer */
     uint64_t timer_ready_ns;               /* the timed kernel's expected end: not queried before */
     unsigned untimed;                      /* launches since the last timed one */
+    unsigned time_after;                   /* the next is timed after this many */
+    uint32_t timer_rng;                    /* picks time_after */
     uint64_t timed_ns[TGS_TIMED];          /* the last kernels timed */
     unsigned ntimed;
     uint64_t kernel_ns;                    /* how long its kernels run: their median (0: not known yet) */

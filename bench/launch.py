@@ -73,13 +73,13 @@ def run(echo: Echo = print, quick: bool = False, json_path: Path | None = None) 
             settings.create()
             uuid = sim.status(settings.state)["devices"][0]["uuid"]
 
-        def unlimited(name, cb):
+        def budgets(name, cb):  # no rate limit; only the anticipating one is gated
             anticipating = name == "anticipating"
             cb.set_budget(0, rate=proto.RATE_UNLIMITED, inflight=0, gate=anticipating, anticipate=anticipating)
 
         with standalone_containers([uuid], {"production": proto.Class.PRODUCTION,
                                             "opportunistic": proto.Class.OPPORTUNISTIC,
-                                            "anticipating": proto.Class.OPPORTUNISTIC}, unlimited) as dirs:
+                                            "anticipating": proto.Class.OPPORTUNISTIC}, budgets) as dirs:
             expect = ActivityFile.open(ContainerPaths(dirs["anticipating"]).activity(uuid))
             now = time.monotonic_ns()
             expect.expect(0, now, now + HOUR_NS, now + 2 * HOUR_NS)

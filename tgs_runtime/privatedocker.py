@@ -50,11 +50,10 @@ def rootfs_tar(files: dict[str, Path], workdir: Path, tag: str, extra: dict[str,
     `extra` (image path -> content) added as they are."""
     root = workdir / f"rootfs-{tag.replace(':', '-')}"
     shutil.rmtree(root, ignore_errors=True)
-    busybox = BUSYBOX
     for d in ("bin", "usr/bin", "etc", "tmp", "dev", "proc", "sys", "run"):
         (root / d).mkdir(parents=True, exist_ok=True)
-    if busybox.exists():
-        shutil.copy2(busybox, root / "bin/busybox")
+    if BUSYBOX.exists():
+        shutil.copy2(BUSYBOX, root / "bin/busybox")
         for tool in ("sh", "sleep", "cat", "ls", "echo", "env", "grep", "true", "wc"):
             (root / "bin" / tool).symlink_to("busybox")
     needed: set[Path] = set()

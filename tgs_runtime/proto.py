@@ -75,7 +75,8 @@ class OrderOp(enum.IntEnum):
 CONSTANTS = {
     "TGS_PROTO_VERSION": PROTO_VERSION, "TGS_CONTROL_MAGIC": CONTROL_MAGIC, "TGS_ACTIVITY_MAGIC": ACTIVITY_MAGIC,
     "TGS_MSG_MAGIC": MSG_MAGIC, "TGS_MAX_FRAME": MAX_FRAME, "TGS_MAX_GPUS": MAX_GPUS, "TGS_UUID_LEN": UUID_LEN,
-    "TGS_ACTIVITY_SLOTS": ACTIVITY_SLOTS, "TGS_EXPECT_SLOTS": EXPECT_SLOTS, "TGS_NO_SLOT": NO_SLOT, "TGS_PAGE": PAGE, "TGS_CONTROL_SIZE": CONTROL_SIZE,
+    "TGS_ACTIVITY_SLOTS": ACTIVITY_SLOTS, "TGS_EXPECT_SLOTS": EXPECT_SLOTS, "TGS_NO_SLOT": NO_SLOT, "TGS_PAGE": PAGE,
+    "TGS_CONTROL_SIZE": CONTROL_SIZE,
     "TGS_DAEMON_OFFSET": DAEMON_OFFSET, "TGS_SHIM_OFFSET": SHIM_OFFSET, "TGS_ACTIVITY_SIZE": ACTIVITY_SIZE,
     "TGS_RATE_UNLIMITED": RATE_UNLIMITED, "TGS_NS_PER_BLOCK_SHIFT": NS_PER_BLOCK_SHIFT, "TGS_GPU_GATE": GPU_GATE,
     "TGS_GPU_ANTICIPATE": GPU_ANTICIPATE,
@@ -199,8 +200,7 @@ class MsgBye(Struct):
 
 
 STRUCTS = [ControlHeader, GpuBudget, DaemonPart, GpuCounters, ShimPart, Control, Expectation, Activity, MsgHeader,
-           MsgHello,
-           MsgHelloAck, MsgMem, MsgOrder, MsgOrderAck, MsgBye]
+           MsgHello, MsgHelloAck, MsgMem, MsgOrder, MsgOrderAck, MsgBye]
 
 # What each message type's body must be (the shim's side of the socket).
 BODY = {MsgType.HELLO: MsgHello, MsgType.HELLO_ACK: MsgHelloAck, MsgType.ALLOC: MsgMem, MsgType.FREE: MsgMem,

@@ -17,10 +17,12 @@ DT = 0.1
 class Rig:
     """Production at `solo` blocks/s alone; opportunistic work costs production `harm`
     blocks/s per opportunistic block/s it runs, up to `capacity` blocks/s, `lag_s` after
-    it runs (work queued before a cut still runs)."""
+    it runs (work queued before a cut still runs), and the fraction `queue_harm` of its
+    progress while it runs with more than one kernel in flight."""
 
-    def __init__(self, ctl, solo=50_000.0, harm=0.0, capacity=100_000.0, lag_s=0.0):
+    def __init__(self, ctl, solo=50_000.0, harm=0.0, capacity=100_000.0, lag_s=0.0, queue_harm=0.0):
         self.ctl, self.solo, self.harm, self.capacity, self.t = ctl, solo, harm, capacity, 0.0
+        self.queue_harm = queue_harm
         self.budget = None
         self.processes = frozenset({1})  # production's processes, as tgsd tells them
         self.queued = collections.deque([capacity] * round(lag_s / DT))  # opportunistic work still to hurt
@@ -32,6 +34,8 @@ class Rig:
             opp = 0.0 if not opportunistic else min(self.capacity, float(rate))
             self.queued.append(opp)
             prod = max(0.0, self.solo - self.harm * self.queued.popleft()) if production else 0.0
+            if opp and self.budget and self.budget.inflight != 1:
+                prod *= 1 - self.queue_harm
             self.budget = self.ctl.step(Sample(self.t, DT, int(prod * DT), int(opp * DT), production, opportunistic,
                                                production_processes=self.processes))
         return self.budget
@@ -133,6 +137,38 @@ def test_a_load_change_brings_back_the_configured_in_flight_bound():
     assert b.state == "run" and b.inflight == 2
     r.run(10)
     assert r.budget.inflight == 2, "kept while production holds"
+
+
+def test_a_passing_violation_does_not_keep_one_kernel_in_flight():
+    """One blip of harm lowers the bound to one kernel; production holding afterwards
+    brings the configured bound back (a bound of one costs opportunistic work the moment
+    between each of its kernels ending and the next launch)."""
+    r = Rig(fast(), harm=0.2)
+    r.run(2, opportunistic=False)
+    r.run(4)
+    assert r.budget.inflight == 1, "harm lowered the bound"
+    r.harm = 0.0  # the blip is over
+    seen = [r.run(DT).inflight for _ in range(round(60 / DT))]
+    back = seen.index(2) * DT
+    assert back <= FastController.INFLIGHT_RETRY_S + 8, f"the configured bound came back only after {back:.1f} s"
+    assert set(seen[seen.index(2):]) == {2}, "and stays while production holds"
+
+
+def test_a_bound_that_harms_production_is_tried_again_ever_more_rarely():
+    """Where two kernels in flight do cost production 6 %, each try of the configured bound
+    that fails doubles the wait before the next: production loses little over the run."""
+    r = Rig(fast(), queue_harm=0.06)
+    r.run(2, opportunistic=False)
+    total, seen = 0.0, []
+    for _ in range(round(600 / DT)):
+        b = r.run(DT)
+        seen.append(b.inflight)
+        total += r.solo * (1 - (r.queue_harm if b.inflight != 1 else 0.0))
+    tries = [i * DT for i in range(1, len(seen)) if seen[i] == 2 and seen[i - 1] == 1]
+    gaps = [b - a for a, b in zip(tries, tries[1:])]
+    assert 3 <= len(tries) <= 8, tries
+    assert all(later > 1.5 * earlier for earlier, later in zip(gaps, gaps[1:])), f"the tries do not back off: {tries}"
+    assert total / (r.solo * 600) >= 0.995, f"production kept only {total / (r.solo * 600):.4f} of its progress"
 
 
 def test_no_harm_keeps_opportunistic_free():

@@ -26,8 +26,12 @@ take turns at it (`take_turns`). Pure logic: no clocks, no I/O.
   half a second lifts the limit at once, and its return is profiled (it may be a new
   job). A production process that starts or ends (a new job; tgsd tells) restarts the
   measurement: the moment of the change, when production does less, is not taken for
-  harm. The first violation lowers the in-flight bound to one kernel instead (until the
-  next change of load, job or pair, which starts from the configured bound); if cuts
+  harm. The first violation lowers the in-flight bound to one kernel instead; once the
+  rate is unlimited again and production has held for 10 s, the configured bound is
+  tried again (a bound of one costs opportunistic work the moments between its kernels:
+  kept after one blip it would cost them for good), and each try that production does
+  not hold doubles the wait, up to 320 s (a change of load, job or pair starts afresh
+  from the configured bound); if cuts
   still do not help soon after a profile (one cut when P fell far, two when it fell a
   few percent), production's present progress is taken as its solo progress and the rate
   goes back to where it was. Decisions every 0.5 s on windows of up to 3 s: it reacts in
@@ -153,6 +157,9 @@ class FastController:
     ACCEPT_AFTER_PROFILE_S = 15.0  # cuts that do not help this soon after a profile: accept P
     IDLE_S = 0.5       # production launched nothing this long: it is idle, opportunistic takes all
     PROFILES_KEPT = 8  # the solo figure is the mean of the last profiles of one load
+    INFLIGHT_RETRY_S = 10.0       # the in-flight bound, lowered, is tried again after this
+    INFLIGHT_RETRY_MAX_S = 320.0  # ... doubled each time the try fails, up to this
+    INFLIGHT_TRY_S = 10.0         # a try that production holds this long has succeeded
 
     def __init__(self, cfg: ControlConfig):
         self.cfg = cfg
@@ -172,6 +179,9 @@ class FastController:
         self.profiled_at = float("-inf")
         self.progress = 0.0
         self.inflight = cfg.inflight
+        self.lowered_at: float | None = None  # when the in-flight bound was lowered to one
+        self.retry_s = self.INFLIGHT_RETRY_S  # how long after that it is tried again
+        self.trying_since: float | None = None  # the configured bound is on trial since
         self.idle = False  # production attached but launching nothing
         self.processes: frozenset[int] = frozenset()  # production's, as of the last sample
 
@@ -181,6 +191,35 @@ class FastController:
         if rate is not None:
             self.rate = rate
         self.changed_at = t
+
+    def _restore_inflight(self) -> None:
+        """A new load starts from the configured in-flight bound, with no trials behind it."""
+        self.inflight = self.cfg.inflight
+        self.lowered_at = self.trying_since = None
+        self.retry_s = self.INFLIGHT_RETRY_S
+
+    def _lower_inflight(self, t: float) -> None:
+        """Harm: production waits behind fewer kernels. A trial of the configured bound
+        that ends this way doubles the wait before the next."""
+        if self.trying_since is not None:
+            self.retry_s = min(2 * self.retry_s, self.INFLIGHT_RETRY_MAX_S)
+        self.inflight = 1
+        self.lowered_at, self.trying_since = t, None
+        self._change(t)
+
+    def _retry_inflight(self, t: float) -> bool:
+        """Production holds: settles a trial of the configured bound, or starts one when
+        the bound was lowered long enough ago and no rate limit is left. Whether it did."""
+        if self.trying_since is not None and t - self.trying_since >= self.INFLIGHT_TRY_S:
+            self.trying_since = self.lowered_at = None
+            self.retry_s = self.INFLIGHT_RETRY_S
+        if (self.inflight != 1 or self.lowered_at is None or self.rate != UNLIMITED
+                or t - self.lowered_at < self.retry_s):
+            return False
+        self.inflight = self.cfg.inflight
+        self.lowered_at, self.trying_since = None, t
+        self._change(t)
+        return True
 
     def _budget(self) -> Budget:
         rate = 0 if self.phase == Phase.PROFILE else UNLIMITED if self.phase in (Phase.FREE, Phase.SOLO) else self.rate
@@ -196,7 +235,7 @@ class FastController:
         idle time beside 75 % duty on simgpu, docs/results.md, dynamics)."""
         if not periodic:
             self.profiles = []
-            self.inflight = self.cfg.inflight
+            self._restore_inflight()
         self.profile_from = t
         self.profiled_at = t
         self._change(t, Phase.PROFILE)
@@ -226,7 +265,7 @@ class FastController:
             # the configured in-flight bound
             self.processes = s.production_processes
             if self.phase in (Phase.RUN, Phase.SOLO):
-                self.inflight = self.cfg.inflight
+                self._restore_inflight()
                 self.violations = 0
                 self._change(t)
         if self.phase == Phase.FREE:
@@ -242,7 +281,7 @@ class FastController:
                     self._profile(t)
                 else:  # a new pair whose production is known: no profile, a fresh start
                     self.rate_good = UNLIMITED
-                    self.inflight = self.cfg.inflight
+                    self._restore_inflight()
                     self._change(t, Phase.RUN, UNLIMITED)
             return self._budget()
         if self.phase == Phase.PROFILE:
@@ -315,8 +354,7 @@ class FastController:
                     self._change(t, rate=self.rate_good)
                 return self._budget()
             if self.inflight != 1:  # first, fewer kernels for production to wait behind
-                self.inflight = 1
-                self._change(t)
+                self._lower_inflight(t)
                 return self._budget()
             base = o if self.rate == UNLIMITED else min(float(self.rate), max(o, 1.0))
             self._change(t, rate=max(int(base * self.CUT), 1))
@@ -328,6 +366,8 @@ class FastController:
                 new = int(self.rate * self.RAMP) + 1
                 self._change(t, rate=UNLIMITED if new > cap and o < 0.5 * self.rate else new)
                 self.rate_good = self.rate
+            elif self._retry_inflight(t):
+                return self._budget()
             if t - self.profiled_at > self.cfg.reprofile_s:
                 self._profile(t, periodic=True)
         return self._budget()

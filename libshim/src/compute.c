@@ -205,19 +205,28 @@ void tgs_compute_after_fork(void) {
 
 /* ---------- opportunistic: how long its kernels run ---------- */
 
-/* About one launch in TGS_TIME_EVERY (every one until the first is timed) goes between
- * two timing events, after a random 1/2 to 3/2 of that many (a job repeating a sequence
- * of kernels whose length divides a fixed interval would have the same one timed over
- * and over); the estimate is the median of the last TGS_TIMED timed, so that one slow
- * kernel (the first touch of its memory) does not hold all the others back.
+/* About one launch in TGS_TIME_EVERY goes between two timing events, after a random 1/2
+ * to 3/2 of that many (a job repeating a sequence of kernels whose length divides a fixed
+ * interval would have the same one timed over and over), and at least one in
+ * TGS_TIME_GAP_NS (a process that launches little, perhaps because its estimate holds
+ * its launches back, still corrects it within a few of those); the estimate is the median of
+ * the last TGS_TIMED timed, so that one slow kernel (the first touch of its memory, or
+ * one queued behind another context's work: it times its wait too) does not hold all the
+ * others back. Until TGS_TIMED are timed every launch is, and the median of an even
+ * number is the lower middle one: a process whose first kernel waited behind other work
+ * would otherwise take it for its kernels' length, hold most of its launches back as too
+ * long for production's gaps, and, launching few, time enough to correct it only after
+ * seconds (behind production, one of three opportunistic containers taking turns got a
+ * tenth of its share for 1.5 s with a first kernel timed at 9.8 ms against 1 ms).
  * g->timing says where the timer is (enum tgs_timer); a thread that moves it to
  * TGS_TIMER_BUSY owns it until it sets it again. */
-__attribute__((noinline)) static int timer_start_now(struct tgs_gpu *g, CUstream s) {
+__attribute__((noinline)) static int timer_start_now(struct tgs_gpu *g, CUstream s, uint64_t now) {
     int expected = TGS_TIMER_IDLE;
     if (!real_cuEventElapsedTime ||
         !__atomic_compare_exchange_n(&g->timing, &expected, TGS_TIMER_BUSY, 0, __ATOMIC_ACQUIRE, __ATOMIC_RELAXED))
         return 0; /* another thread times one */
     __atomic_store_n(&g->untimed, 0, __ATOMIC_RELAXED);
+    g->time_by_ns = now + TGS_TIME_GAP_NS;
     uint32_t x = g->timer_rng ? g->timer_rng : (uint32_t)tgs_now() | 1u; /* xorshift32 */
     x ^= x << 13;
     x ^= x >> 17;
@@ -252,14 +261,14 @@ __attribute__((noinline)) static int timer_start_now(struct tgs_gpu *g, CUstream
 
 /* Whether this launch is the one to time (the count needs no atomicity: a lost increment
  * only times a launch later). */
-static inline int timer_start(struct tgs_gpu *g, CUstream s) {
+static inline int timer_start(struct tgs_gpu *g, CUstream s, uint64_t now) {
     if (__atomic_load_n(&g->timing, __ATOMIC_RELAXED) != TGS_TIMER_IDLE)
         return 0;
     unsigned n = __atomic_load_n(&g->untimed, __ATOMIC_RELAXED) + 1;
     __atomic_store_n(&g->untimed, n, __ATOMIC_RELAXED);
-    if (n < __atomic_load_n(&g->time_after, __ATOMIC_RELAXED) && g->kernel_ns)
+    if (n < __atomic_load_n(&g->time_after, __ATOMIC_RELAXED) && now < g->time_by_ns && g->ntimed >= TGS_TIMED)
         return 0;
-    return timer_start_now(g, s);
+    return timer_start_now(g, s, now);
 }
 
 __attribute__((noinline)) static void timer_stop(struct tgs_gpu *g, CUstream s, int launched) {
@@ -287,7 +296,7 @@ __attribute__((noinline)) static void timer_read_now(struct tgs_gpu *g) {
             v[j] = x;
         }
         uint64_t was = g->kernel_ns;
-        g->kernel_ns = v[n / 2];
+        g->kernel_ns = v[(n - 1) / 2];
         if (tgs_log_level >= TGS_LOG_DEBUG && (g->kernel_ns > was + was / 16 || g->kernel_ns < was - was / 16))
             tgs_log(TGS_LOG_DEBUG, "its kernels run %.1f us (the median of %u timed)", (double)g->kernel_ns / 1e3, n);
     }
@@ -406,8 +415,8 @@ static int must_hold_back(struct tgs_gpu *g, uint64_t now, int anticipate) {
     return must_wait_for_production(g, now) || (anticipate && hold_back_until(g, now));
 }
 
-/* Admits one launch; returns whether it anticipates production (then it may be timed). */
-static int opportunistic_admit(struct tgs_gpu *g, uint64_t blocks) {
+/* Admits one launch; returns when, if it anticipates production (then it may be timed), else 0. */
+static uint64_t opportunistic_admit(struct tgs_gpu *g, uint64_t blocks) {
     const volatile struct tgs_gpu_budget *b = g->budget;
     uint64_t now = tgs_now(), start = now, until;
     int anticipate = (b->flags & TGS_GPU_ANTICIPATE) != 0;
@@ -440,7 +449,7 @@ static int opportunistic_admit(struct tgs_gpu *g, uint64_t blocks) {
         __atomic_fetch_add(&g->ctr->throttled_ns, now - start, __ATOMIC_RELAXED);
         __atomic_fetch_add(&g->ctr->waits, 1, __ATOMIC_RELAXED);
     }
-    return anticipate;
+    return anticipate ? now : 0;
 }
 
 /* ---------- the launch path ---------- */
@@ -473,8 +482,9 @@ static inline void launch_begin(struct launch *L, CUstream s, uint64_t blocks) {
     L->blocks = blocks;
     L->timed = 0;
     if (g_tgs.cls == TGS_CLASS_OPPORTUNISTIC) {
-        if (opportunistic_admit(g, blocks))
-            L->timed = timer_start(g, s);
+        uint64_t now = opportunistic_admit(g, blocks);
+        if (now)
+            L->timed = timer_start(g, s, now);
     } else {
         mark_busy(g); /* before the launch: no opportunistic launch slips in between */
     }

@@ -41,6 +41,7 @@ enum tgs_timer {
 };
 #define TGS_GAPS 8        /* production gaps remembered to expect the next launch */
 #define TGS_TIME_EVERY 32 /* opportunistic launches per timed one, on average (two event records each) */
+#define TGS_TIME_GAP_NS 20000000ull /* ... or fewer, when the last timed one is this long ago */
 #define TGS_TIMED 5       /* timed kernels remembered */
 
 struct tgs_gpu { /* one control-block GPU slot, as this process sees it */
@@ -68,6 +69,7 @@ struct tgs_gpu { /* one control-block GPU slot, as this process sees it */
     uint64_t timer_ready_ns;               /* the timed kernel's expected end: not queried before */
     unsigned untimed;                      /* launches since the last timed one */
     unsigned time_after;                   /* the next is timed after this many */
+    uint64_t time_by_ns;                   /* or the first launch from then on */
     uint32_t timer_rng;                    /* picks time_after */
     uint64_t timed_ns[TGS_TIMED];          /* the last kernels timed */
     unsigned ntimed;

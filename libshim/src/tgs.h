@@ -41,7 +41,7 @@ enum tgs_timer {
 };
 #define TGS_GAPS 8        /* production gaps remembered to expect the next launch */
 #define TGS_TIME_EVERY 32 /* opportunistic launches per timed one, on average (two event records each) */
-#define TGS_TIME_GAP_NS 20000000ull /* ... or fewer, when the last timed one is this long ago */
+#define TGS_TIME_GAP_NS 50000000ull /* ... or fewer, when the last timed one is this long ago */
 #define TGS_TIMED 5       /* timed kernels remembered */
 
 struct tgs_gpu { /* one control-block GPU slot, as this process sees it */

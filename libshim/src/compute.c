@@ -207,9 +207,12 @@ void tgs_compute_after_fork(void) {
 
 /* About one launch in TGS_TIME_EVERY goes between two timing events, after a random 1/2
  * to 3/2 of that many (a job repeating a sequence of kernels whose length divides a fixed
- * interval would have the same one timed over and over), and at least one in
- * TGS_TIME_GAP_NS (a process that launches little, perhaps because its estimate holds
- * its launches back, still corrects it within a few of those); the estimate is the median of
+ * interval would have the same one timed over and over), and at least one of the first
+ * 1-8 launches (at random) once TGS_TIME_GAP_NS have passed since the last (a process that
+ * launches little, perhaps because its estimate holds its launches back, still corrects
+ * it within a few of those; not the very next launch, which behind busy production is
+ * most often the first of production's gap: timing that one cost a job 1.5-3 % of its
+ * share of production's idle time on simgpu); the estimate is the median of
  * the last TGS_TIMED timed, so that one slow kernel (the first touch of its memory, or
  * one queued behind another context's work: it times its wait too) does not hold all the
  * others back. Until TGS_TIMED are timed every launch is, and the median of an even
@@ -266,8 +269,16 @@ static inline int timer_start(struct tgs_gpu *g, CUstream s, uint64_t now) {
         return 0;
     unsigned n = __atomic_load_n(&g->untimed, __ATOMIC_RELAXED) + 1;
     __atomic_store_n(&g->untimed, n, __ATOMIC_RELAXED);
-    if (n < __atomic_load_n(&g->time_after, __ATOMIC_RELAXED) && now < g->time_by_ns && g->ntimed >= TGS_TIMED)
+    unsigned after = __atomic_load_n(&g->time_after, __ATOMIC_RELAXED);
+    if (n < after && g->ntimed >= TGS_TIMED) {
+        if (now < g->time_by_ns)
+            return 0;
+        g->time_by_ns = UINT64_MAX; /* until the one timed soon sets it again */
+        unsigned soon = n + 1 + g->timer_rng % 8;
+        if (soon < after)
+            __atomic_store_n(&g->time_after, soon, __ATOMIC_RELAXED);
         return 0;
+    }
     return timer_start_now(g, s, now);
 }
 

@@ -69,7 +69,7 @@ struct tgs_gpu { /* one control-block GPU slot, as this process sees it */
     uint64_t timer_ready_ns;               /* the timed kernel's expected end: not queried before */
     unsigned untimed;                      /* launches since the last timed one */
     unsigned time_after;                   /* the next is timed after this many */
-    uint64_t time_by_ns;                   /* or the first launch from then on */
+    uint64_t time_by_ns;                   /* or one of the first few launches from then on */
     uint32_t timer_rng;                    /* picks time_after */
     uint64_t timed_ns[TGS_TIMED];          /* the last kernels timed */
     unsigned ntimed;

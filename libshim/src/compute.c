@@ -211,9 +211,9 @@ void tgs_compute_after_fork(void) {
  * 1-8 launches (at random) once TGS_TIME_GAP_NS have passed since the last (a process that
  * launches little, perhaps because its estimate holds its launches back, still corrects
  * it within a few of those; not the very next launch, which behind busy production is
- * most often the first of production's gap: timing that one cost a job 1.5-3 % of its
- * share of production's idle time on simgpu); the estimate is the median of
- * the last TGS_TIMED timed, so that one slow kernel (the first touch of its memory, or
+ * probably most often the first of production's gap: timing that one cost a job 1.5-3 %
+ * of its share of production's idle time on simgpu); the estimate is the median of the
+ * last TGS_TIMED timed, so that one slow kernel (the first touch of its memory, or
  * one queued behind another context's work: it times its wait too) does not hold all the
  * others back. Until TGS_TIMED are timed every launch is, and the median of an even
  * number is the lower middle one: a process whose first kernel waited behind other work

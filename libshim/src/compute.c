@@ -230,7 +230,7 @@ __attribute__((noinline)) static int timer_start_now(struct tgs_gpu *g, CUstream
         return 0; /* another thread times one */
     __atomic_store_n(&g->untimed, 0, __ATOMIC_RELAXED);
     g->time_by_ns = now + TGS_TIME_GAP_NS;
-    uint32_t x = g->timer_rng ? g->timer_rng : (uint32_t)tgs_now() | 1u; /* xorshift32 */
+    uint32_t x = g->timer_rng ? g->timer_rng : (uint32_t)now | 1u; /* xorshift32 */
     x ^= x << 13;
     x ^= x >> 17;
     x ^= x << 5;

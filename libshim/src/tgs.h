@@ -70,7 +70,7 @@ struct tgs_gpu { /* one control-block GPU slot, as this process sees it */
     unsigned untimed;                      /* launches since the last timed one */
     unsigned time_after;                   /* the next is timed after this many */
     uint64_t time_by_ns;                   /* or one of the first few launches from then on */
-    uint32_t timer_rng;                    /* picks time_after */
+    uint32_t timer_rng;                    /* picks time_after, and which of the first few after time_by_ns */
     uint64_t timed_ns[TGS_TIMED];          /* the last kernels timed */
     unsigned ntimed;
     uint64_t kernel_ns;                    /* how long its kernels run: their median (0: not known yet) */

@@ -33,8 +33,8 @@ take turns at it (`take_turns`). Pure logic: no clocks, no I/O.
   not hold doubles the wait, up to 320 s (a change of load, job or pair starts afresh
   from the configured bound); if cuts still do not help soon after a profile (one cut
   when P fell far, two when it fell a few percent), production's present progress is
-  taken as its solo progress and the rate goes back to where it was. Decisions every 0.5 s on windows of up to 3 s: it reacts in
-  seconds.
+  taken as its solo progress and the rate goes back to where it was. Decisions every
+  0.5 s on windows of up to 3 s: it reacts in seconds.
 - `tgs-paper` reproduces the original TGS code's controller for comparison: 5 s samples,
   a profile sample with the opportunistic job paused, slow start (x1.5 per sample), then
   additive increase, 8 % decrease when production falls more than 3 % below its solo

@@ -61,6 +61,45 @@ def test_production_keeps_its_engine_beside_a_budgeted_opportunistic_job(simgpu,
     assert counters(prod)["launches"] > 0 and counters(prod)["throttled_ns"] == 0, "production is never throttled"
 
 
+def in_flight(simgpu, label: str, seconds: float) -> tuple[float, int]:
+    """The engine time `label` had per second over `seconds`, and the most kernels it had
+    queued at any of the looks taken every 10 ms meanwhile."""
+    before, most, end = simgpu.status(), 0, time.monotonic() + seconds
+    while time.monotonic() < end:
+        most = max(most, simgpu.context(label)["queued"])
+        time.sleep(0.01)
+    after = simgpu.status()
+    return sim.busy_between(before, after)[label] / seconds, most
+
+
+def test_short_kernels_keep_the_gpu_busy_under_the_in_flight_bound(simgpu, container, libshim):
+    """The in-flight bound is work, not a count: two kernels' worth of 20 us kernels is
+    dozens of them, enough to keep the engine busy while the launching thread wakes up
+    (counted in kernels, such a job kept it busy a third to half of the time), and still
+    far short of the queue."""
+    c = container(proto.Class.OPPORTUNISTIC)
+    c.control.set_budget(0, rate=proto.RATE_UNLIMITED, inflight=2)
+    p = simgpu.workload(Workload(kernel_us=20, kernels=500, seconds=5, report_s=0.5), "opp", c.env(libshim.shim))
+    simgpu.wait_for_contexts(["opp"])
+    time.sleep(0.5)
+    busy, most = in_flight(simgpu, "opp", 2.5)
+    p.kill()
+    assert busy >= 0.8, f"the engine ran the job {busy:.0%} of the time"
+    assert 2 < most <= 2 * 500 // 20, f"at most {most} kernels in flight: 2 x 0.5 ms of 20 us kernels is 50"
+
+
+def test_long_kernels_stay_within_the_in_flight_count(simgpu, container, libshim):
+    c = container(proto.Class.OPPORTUNISTIC)
+    c.control.set_budget(0, rate=proto.RATE_UNLIMITED, inflight=2)
+    p = simgpu.workload(GPU_BOUND, "opp", c.env(libshim.shim))
+    simgpu.wait_for_contexts(["opp"])
+    time.sleep(0.5)
+    busy, most = in_flight(simgpu, "opp", 2.0)
+    p.kill()
+    assert most <= 2, f"{most} kernels of 1 ms in flight under a bound of 2"
+    assert busy >= 0.8, f"the engine ran the job {busy:.0%} of the time"
+
+
 def test_production_marks_each_iteration_start_for_tgsd_to_time(simgpu, container, libshim):
     """The first launch after a completed synchronisation marks an iteration's start with
     the blocks launched before it: whole iterations lie between two marks, so tgsd times

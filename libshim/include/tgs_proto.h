@@ -87,7 +87,7 @@ struct tgs_gpu_budget { /* written by tgsd every control period */
     uint64_t floor_blocks_per_s;   /* rate to decay to when the heartbeat is stale */
     uint64_t mem_quota_bytes;      /* what the container may hold on this GPU (0: no quota) */
     uint64_t mem_view_total_bytes; /* what memory queries report as total (0: the real total) */
-    uint32_t inflight_max;         /* opportunistic kernels in flight per process (0: unbounded) */
+    uint32_t inflight_max;         /* opportunistic kernels in flight per process (0: unbounded); shorter than 0.5 ms: that much work */
     uint32_t flags;                /* TGS_GPU_* */
     uint64_t released_bytes;       /* of the shims' footprint, what processes that died still held:
                                       the container's footprint is footprint_bytes - released_bytes */

@@ -3,8 +3,9 @@
  * Cost unit: one thread block. Production launches are counted (relaxed atomic adds in
  * the control block) and mark the GPU's production activity byte busy until the next
  * completed synchronisation. Opportunistic launches wait while production has unfinished
- * work on the GPU, keep at most `inflight_max` kernels in flight (tracked with events),
- * and spend tokens from the container's shared bucket (GCRA: one CAS on the control
+ * work on the GPU, keep at most `inflight_max` kernels' worth of work in flight (tracked
+ * with events; a kernel shorter than TGS_INFLIGHT_QUANTUM_NS counts as the part of it it
+ * runs), and spend tokens from the container's shared bucket (GCRA: one CAS on the control
  * block). Work launched on a capturing stream is neither counted nor throttled; a graph
  * launch costs the thread blocks of its kernel nodes, counted at instantiate. Only the
  * launching thread ever waits, by sleeping; while tokens remain no system call is made.
@@ -12,7 +13,8 @@
  * Anticipation: a production process that goes idle says when it expects to launch again
  * (from its recent gaps between idle and launch); an opportunistic launch that would still
  * be running then waits for production instead of delaying it. Each opportunistic process
- * learns how long its kernels run by timing one launch in TGS_TIME_EVERY with events.
+ * whose launches are bounded or anticipate learns how long its kernels run by timing one
+ * launch in TGS_TIME_EVERY with events.
  */
 #define _GNU_SOURCE
 #include "tgs.h"
@@ -147,7 +149,23 @@ static int event_serves(CUevent *e, CUcontext made_in, unsigned made_gen, CUcont
 
 /* ---------- opportunistic: kernels in flight ---------- */
 
+/* How many kernels may be in flight under a bound of `max`: the bound is work, `max`
+ * kernels of TGS_INFLIGHT_QUANTUM_NS or longer, so shorter kernels (by their mean length,
+ * once timed) go as many as make that much. Counted in kernels alone, a job of 10-20 us
+ * kernels kept the GPU busy only a third to half of the time production left idle on
+ * simgpu, and of the time it had alone: its launching thread woke to launch the next
+ * kernel long after the last one had ended. */
+static unsigned inflight_bound(const struct tgs_gpu *g, unsigned max) {
+    uint64_t k = g->kernel_mean_ns;
+    if (k && k < TGS_INFLIGHT_QUANTUM_NS) {
+        uint64_t n = max * TGS_INFLIGHT_QUANTUM_NS / k;
+        max = n < TGS_INFLIGHT_RING ? (unsigned)n : TGS_INFLIGHT_RING;
+    }
+    return max;
+}
+
 static int inflight_wait(struct tgs_gpu *g, unsigned max) {
+    max = inflight_bound(g, max);
     if (max > TGS_INFLIGHT_RING)
         max = TGS_INFLIGHT_RING;
     int waited = 0;
@@ -306,8 +324,11 @@ __attribute__((noinline)) static void timer_read_now(struct tgs_gpu *g) {
                 v[j] = v[j - 1];
             v[j] = x;
         }
-        uint64_t was = g->kernel_ns;
+        uint64_t was = g->kernel_ns, sum = 0;
         g->kernel_ns = v[(n - 1) / 2];
+        for (unsigned i = 0; i < n; i++)
+            sum += v[i];
+        g->kernel_mean_ns = sum / n;
         if (tgs_log_level >= TGS_LOG_DEBUG && (g->kernel_ns > was + was / 16 || g->kernel_ns < was - was / 16))
             tgs_log(TGS_LOG_DEBUG, "its kernels run %.1f us (the median of %u timed)", (double)g->kernel_ns / 1e3, n);
     }
@@ -426,12 +447,14 @@ static int must_hold_back(struct tgs_gpu *g, uint64_t now, int anticipate) {
     return must_wait_for_production(g, now) || (anticipate && hold_back_until(g, now));
 }
 
-/* Admits one launch; returns when, if it anticipates production (then it may be timed), else 0. */
+/* Admits one launch; returns when, if it anticipates production or its kernels in flight
+ * are bounded (then it may be timed), else 0. */
 static uint64_t opportunistic_admit(struct tgs_gpu *g, uint64_t blocks) {
     const volatile struct tgs_gpu_budget *b = g->budget;
     uint64_t now = tgs_now(), start = now, until;
     int anticipate = (b->flags & TGS_GPU_ANTICIPATE) != 0;
-    if (anticipate)
+    int timing = anticipate || b->inflight_max;
+    if (timing)
         timer_read(g, now);
     for (;;) {
         for (;;) {
@@ -452,7 +475,7 @@ static uint64_t opportunistic_admit(struct tgs_gpu *g, uint64_t blocks) {
         if (now == before || !must_hold_back(g, now, anticipate))
             break;
     }
-    if (anticipate) {
+    if (timing) {
         uint64_t q = g->queue_end_ns;
         g->queue_end_ns = (q > now ? q : now) + g->kernel_ns;
     }
@@ -460,7 +483,7 @@ static uint64_t opportunistic_admit(struct tgs_gpu *g, uint64_t blocks) {
         __atomic_fetch_add(&g->ctr->throttled_ns, now - start, __ATOMIC_RELAXED);
         __atomic_fetch_add(&g->ctr->waits, 1, __ATOMIC_RELAXED);
     }
-    return anticipate ? now : 0;
+    return timing ? now : 0;
 }
 
 /* ---------- the launch path ---------- */

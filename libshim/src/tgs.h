@@ -33,7 +33,8 @@ TGS_HIDDEN void tgs_log(int level, const char *fmt, ...) __attribute__((format(p
 /* ---- process state ---- */
 enum tgs_mode { TGS_MODE_UNKNOWN = 0, TGS_MODE_PASS = 1, TGS_MODE_ACTIVE = 2 };
 
-#define TGS_INFLIGHT_RING 64
+#define TGS_INFLIGHT_RING 64 /* kernels in flight per process, at most */
+#define TGS_INFLIGHT_QUANTUM_NS 500000ull /* the in-flight bound counts shorter kernels as this part of one */
 enum tgs_timer {
     TGS_TIMER_IDLE = 0,    /* free to time a launch */
     TGS_TIMER_RUNNING = 1, /* its events are recorded around a kernel not yet read */
@@ -74,6 +75,7 @@ struct tgs_gpu { /* one control-block GPU slot, as this process sees it */
     uint64_t timed_ns[TGS_TIMED];          /* the last kernels timed */
     unsigned ntimed;
     uint64_t kernel_ns;                    /* how long its kernels run: their median (0: not known yet) */
+    uint64_t kernel_mean_ns;               /* and their mean: the work a kernel in flight stands for */
     uint64_t queue_end_ns;                 /* when what it launched is expected to be done */
 };
 

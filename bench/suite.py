@@ -35,7 +35,7 @@ class Step:
 
 # In the order they run; the seconds were measured by this suite on simgpu (2 cores, 2026-11-22)
 # except pytorch's, which are guesses.
-PLAN = (Step("isolation", 290, 125), Step("pytorch", 150, 75), Step("oversubscription", 115, 70),
+PLAN = (Step("isolation", 320, 137), Step("pytorch", 150, 75), Step("oversubscription", 115, 70),
         Step("dynamics", 200, 105), Step("multi", 150, 45), Step("overhead", 90, 15))
 GRACE_S = 30  # what an interrupted benchmark gets to clean up
 

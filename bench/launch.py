@@ -5,7 +5,8 @@ and without the shim, interleaved round by round in one run: nanoseconds inside
 cuLaunchKernel per launch (medians), and on simgpu instructions per launch counted by
 callgrind beside them (repeatable whatever the machine is doing). Modes: without the shim;
 the shim outside a TGS container; production; opportunistic with no limit; opportunistic
-anticipating an idle production's next launch (gate and expectation read on every launch,
+with tgsd's default in-flight bound (2: an event recorded after each launch, the oldest
+queried); opportunistic anticipating an idle production's next launch (gate and expectation read on every launch,
 about one launch in 32 timed between two events). Target: <= 100 ns added."""
 from __future__ import annotations
 
@@ -24,7 +25,7 @@ from tgs_runtime.daemon.gpus import GpuInventory
 from tgs_runtime.paths import artifacts
 
 MODES = ["without the shim", "shim, no TGS", "production", "opportunistic, unlimited",
-         "opportunistic, anticipating"]
+         "opportunistic, bounded", "opportunistic, anticipating"]
 # The last behind an idle production that expects to launch again in an hour: every launch
 # reads the gate and the expectation, and one in 32 is timed between two events.
 HOUR_NS = 3600 * 10**9
@@ -38,6 +39,8 @@ def _env(settings: sim.SimSettings | None, mode: str, dirs: dict[str, Path]) -> 
         env["TGS_DIR"] = str(dirs["production"])
     elif mode == "opportunistic, anticipating":
         env["TGS_DIR"] = str(dirs["anticipating"])
+    elif mode == "opportunistic, bounded":
+        env["TGS_DIR"] = str(dirs["bounded"])
     elif mode.startswith("opportunistic"):
         env["TGS_DIR"] = str(dirs["opportunistic"])
     env["TGS_LOG_LEVEL"] = "error"  # no tgsd here on purpose: say nothing about it
@@ -75,10 +78,12 @@ def run(echo: Echo = print, quick: bool = False, json_path: Path | None = None) 
 
         def budgets(name, cb):  # no rate limit; only the anticipating one is gated
             anticipating = name == "anticipating"
-            cb.set_budget(0, rate=proto.RATE_UNLIMITED, inflight=0, gate=anticipating, anticipate=anticipating)
+            cb.set_budget(0, rate=proto.RATE_UNLIMITED, inflight=2 if name == "bounded" else 0, gate=anticipating,
+                          anticipate=anticipating)
 
         with standalone_containers([uuid], {"production": proto.Class.PRODUCTION,
                                             "opportunistic": proto.Class.OPPORTUNISTIC,
+                                            "bounded": proto.Class.OPPORTUNISTIC,
                                             "anticipating": proto.Class.OPPORTUNISTIC}, budgets) as dirs:
             expect = ActivityFile.open(ContainerPaths(dirs["anticipating"]).activity(uuid))
             now = time.monotonic_ns()

@@ -161,47 +161,69 @@ static unsigned inflight_bound(const struct tgs_gpu *g, unsigned max) {
         uint64_t n = max * TGS_INFLIGHT_QUANTUM_NS / k;
         max = n < TGS_INFLIGHT_RING ? (unsigned)n : TGS_INFLIGHT_RING;
     }
-    return max;
+    return max < TGS_INFLIGHT_RING ? max : TGS_INFLIGHT_RING;
 }
 
-static int inflight_wait(struct tgs_gpu *g, unsigned max) {
-    max = inflight_bound(g, max);
-    if (max > TGS_INFLIGHT_RING)
-        max = TGS_INFLIGHT_RING;
+/* Kernels are tracked in batches: an event is recorded after every `stride` launches (a
+ * quarter of the bound, at least one) and covers those, so that a job of short kernels
+ * does not pay an event record per launch (it cost 1,500 instructions per zero-length
+ * launch on simgpu). A batch's event is on the stream of its last launch: where one
+ * process launches on several streams, a batch may end before all its kernels do. */
+static unsigned inflight_stride(unsigned allowed) { return allowed / 4 ? allowed / 4 : 1; }
+
+/* Waits until one more kernel fits in the bound; 1 if it waited. Below the bound it takes
+ * no lock (threads of one process that launch at once may each take the last place, as
+ * they could with the lock: the bound is per process, not exact between its threads). At
+ * the bound the oldest batch is queried, and waited for only while it still runs. */
+static int inflight_wait(struct tgs_gpu *g, unsigned allowed) {
+    if (__atomic_load_n(&g->ev_kernels, __ATOMIC_RELAXED) + __atomic_load_n(&g->untracked, __ATOMIC_RELAXED) <
+        allowed)
+        return 0;
     int waited = 0;
     pthread_mutex_lock(&g->inflight_lock);
-    while (g->ev_count && REAL(cuEventQuery)(g->ev[g->ev_head]) != CUDA_ERROR_NOT_READY) {
+    while (g->ev_count && g->ev_kernels + __atomic_load_n(&g->untracked, __ATOMIC_RELAXED) >= allowed) {
+        CUevent e = g->ev[g->ev_head];
+        if (REAL(cuEventQuery)(e) == CUDA_ERROR_NOT_READY) {
+            REAL(cuEventSynchronize)(e);
+            waited = 1;
+        }
+        __atomic_store_n(&g->ev_kernels, g->ev_kernels - g->ev_covers[g->ev_head], __ATOMIC_RELAXED);
         g->ev_head = (g->ev_head + 1) % TGS_INFLIGHT_RING;
         g->ev_count--;
-    }
-    while (g->ev_count >= max) {
-        REAL(cuEventSynchronize)(g->ev[g->ev_head]);
-        g->ev_head = (g->ev_head + 1) % TGS_INFLIGHT_RING;
-        g->ev_count--;
-        waited = 1;
     }
     pthread_mutex_unlock(&g->inflight_lock);
     return waited;
 }
 
-static void inflight_record(struct tgs_gpu *g, CUstream s) {
+/* A launch is counted; every `stride`-th records its batch's event (under the lock). */
+static void inflight_record(struct tgs_gpu *g, CUstream s, unsigned allowed) {
+    unsigned stride = inflight_stride(allowed);
+    if (__atomic_add_fetch(&g->untracked, 1, __ATOMIC_RELAXED) < stride)
+        return;
+    pthread_mutex_lock(&g->inflight_lock);
+    unsigned n = __atomic_load_n(&g->untracked, __ATOMIC_RELAXED); /* another thread may have taken them */
+    if (n < stride || g->ev_count >= TGS_INFLIGHT_RING) {
+        pthread_mutex_unlock(&g->inflight_lock);
+        return;
+    }
     CUcontext ctx = NULL;
     REAL(cuCtxGetCurrent)(&ctx);
     unsigned gen = tgs_context_generation();
-    pthread_mutex_lock(&g->inflight_lock);
-    if (g->ev_count < TGS_INFLIGHT_RING) {
-        unsigned i = (g->ev_head + g->ev_count) % TGS_INFLIGHT_RING;
-        if (!event_serves(&g->ev[i], g->ev_ctx[i], g->ev_gen[i], ctx, gen)) {
-            if (REAL(cuEventCreate)(&g->ev[i], CU_EVENT_DISABLE_TIMING) == CUDA_SUCCESS) {
-                g->ev_ctx[i] = ctx;
-                g->ev_gen[i] = gen;
-            } else {
-                g->ev[i] = NULL;
-            }
+    unsigned i = (g->ev_head + g->ev_count) % TGS_INFLIGHT_RING;
+    if (!event_serves(&g->ev[i], g->ev_ctx[i], g->ev_gen[i], ctx, gen)) {
+        if (REAL(cuEventCreate)(&g->ev[i], CU_EVENT_DISABLE_TIMING) == CUDA_SUCCESS) {
+            g->ev_ctx[i] = ctx;
+            g->ev_gen[i] = gen;
+        } else {
+            g->ev[i] = NULL;
         }
-        if (g->ev[i] && REAL(cuEventRecord)(g->ev[i], s) == CUDA_SUCCESS)
-            g->ev_count++;
     }
+    if (g->ev[i] && REAL(cuEventRecord)(g->ev[i], s) == CUDA_SUCCESS) {
+        g->ev_covers[i] = n;
+        __atomic_store_n(&g->ev_kernels, g->ev_kernels + n, __ATOMIC_RELAXED);
+        g->ev_count++;
+    }
+    __atomic_sub_fetch(&g->untracked, n, __ATOMIC_RELAXED); /* tracked now, or never (no event) */
     pthread_mutex_unlock(&g->inflight_lock);
 }
 
@@ -210,7 +232,7 @@ void tgs_compute_after_fork(void) {
         struct tgs_gpu *g = &g_tgs.gpu[i];
         pthread_mutex_init(&g->inflight_lock, NULL);
         memset(g->ev, 0, sizeof g->ev);
-        g->ev_head = g->ev_count = 0;
+        g->ev_head = g->ev_count = g->ev_kernels = g->untracked = 0;
         g->busy_marked = 0;
         g->timer[0] = g->timer[1] = NULL;
         g->timer_ctx = NULL;
@@ -448,8 +470,9 @@ static int must_hold_back(struct tgs_gpu *g, uint64_t now, int anticipate) {
 }
 
 /* Admits one launch; returns when, if it anticipates production or its kernels in flight
- * are bounded (then it may be timed), else 0. */
-static uint64_t opportunistic_admit(struct tgs_gpu *g, uint64_t blocks) {
+ * are bounded (then it may be timed), else 0. *allowed: the kernels it may have in flight
+ * (0: unbounded). */
+static uint64_t opportunistic_admit(struct tgs_gpu *g, uint64_t blocks, unsigned *allowed) {
     const volatile struct tgs_gpu_budget *b = g->budget;
     uint64_t now = tgs_now(), start = now, until;
     int anticipate = (b->flags & TGS_GPU_ANTICIPATE) != 0;
@@ -468,7 +491,8 @@ static uint64_t opportunistic_admit(struct tgs_gpu *g, uint64_t blocks) {
         }
         unsigned max = b->inflight_max;
         uint64_t before = now;
-        if (max && inflight_wait(g, max))
+        *allowed = max ? inflight_bound(g, max) : 0;
+        if (max && inflight_wait(g, *allowed))
             now = tgs_now();
         take_tokens(g, blocks, &now);
         /* production may have started, or come due, while this thread waited: look again */
@@ -491,7 +515,8 @@ static uint64_t opportunistic_admit(struct tgs_gpu *g, uint64_t blocks) {
 struct launch {
     struct tgs_gpu *g;
     uint64_t blocks;
-    int timed; /* between the timer's events */
+    int timed;        /* between the timer's events */
+    unsigned allowed; /* opportunistic: kernels it may have in flight (0: unbounded) */
 };
 
 static int capturing(CUstream s) {
@@ -515,8 +540,9 @@ static inline void launch_begin(struct launch *L, CUstream s, uint64_t blocks) {
     L->g = g;
     L->blocks = blocks;
     L->timed = 0;
+    L->allowed = 0;
     if (g_tgs.cls == TGS_CLASS_OPPORTUNISTIC) {
-        uint64_t now = opportunistic_admit(g, blocks);
+        uint64_t now = opportunistic_admit(g, blocks, &L->allowed);
         if (now)
             L->timed = timer_start(g, s, now);
     } else {
@@ -534,8 +560,8 @@ static inline void launch_end(struct launch *L, CUresult r, CUstream s, uint64_t
         return;
     __atomic_fetch_add(&g->ctr->launches, kernels, __ATOMIC_RELAXED);
     __atomic_fetch_add(&g->ctr->blocks, L->blocks, __ATOMIC_RELAXED);
-    if (g_tgs.cls == TGS_CLASS_OPPORTUNISTIC && g->budget->inflight_max)
-        inflight_record(g, s);
+    if (g_tgs.cls == TGS_CLASS_OPPORTUNISTIC && L->allowed)
+        inflight_record(g, s, L->allowed);
 }
 
 static inline uint64_t grid(unsigned x, unsigned y, unsigned z) { return (uint64_t)x * y * z; }

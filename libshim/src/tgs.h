@@ -62,7 +62,10 @@ struct tgs_gpu { /* one control-block GPU slot, as this process sees it */
     CUevent ev[TGS_INFLIGHT_RING];
     CUcontext ev_ctx[TGS_INFLIGHT_RING];   /* the context each was made in, */
     unsigned ev_gen[TGS_INFLIGHT_RING];    /* and the context generation then */
+    unsigned ev_covers[TGS_INFLIGHT_RING]; /* the kernels each covers (launched since the one before) */
     unsigned ev_head, ev_count;
+    unsigned ev_kernels;                   /* kernels the events in the ring cover */
+    unsigned untracked;                    /* kernels launched since the last event */
     CUevent timer[2];                      /* opportunistic: times one kernel in TGS_TIME_EVERY */
     CUcontext timer_ctx;
     unsigned timer_gen;

@@ -23,11 +23,25 @@ def test_json_lines_follow_the_contract(simgpu):
     assert 180 <= s.iterations_per_s <= 260, s
 
 
+def test_the_last_kernels_of_an_iteration_can_run_long(simgpu):
+    """--long-kernels 2 --long-us 5000 among 20 kernels of 10 us: each iteration keeps the
+    engine busy 18 x 10 us + 2 x 5 ms, the long ones on twice the grid (simgpu's own
+    accounting; 108 SMs, one block each)."""
+    w = Workload(kernel_us=10, kernels=20, long_kernels=2, long_us=5000, iterations=20, seconds=30)
+    assert w.duty == 1.0
+    p = simgpu.run(w, "w")
+    assert p.popen.returncode == 0, p.stderr
+    ctx = simgpu.context("w")
+    assert ctx["kernels"] == 400 and ctx["blocks"] == 20 * (18 * 108 + 2 * 216)
+    assert 0.95 * 20 * 10.18e6 <= ctx["busy_ns"] <= 1.05 * 20 * 10.18e6, ctx["busy_ns"]
+
+
 @pytest.mark.parametrize("args,message", [
     (["--kernels", "0"], "--kernels 0"),
     (["--seconds", "abc"], "--seconds abc"),
     (["--bogus"], "unrecognized option"),
     (["extra"], "unexpected argument extra"),
+    (["--kernels", "4", "--long-kernels", "5"], "--long-kernels 5: more than the 4 kernels"),
 ])
 def test_bad_flags(simgpu, args, message):
     proc = subprocess.run([str(simgpu.artifacts.workload), *args], env=simgpu.env("w"), capture_output=True,

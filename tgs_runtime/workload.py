@@ -25,11 +25,14 @@ class Workload:
     verify: bool = False
     managed: bool = False
     iterations: int | None = None  # a job of fixed work: stop after this many
+    long_kernels: int = 0           # the last this many kernels of each iteration run long_us
+    long_us: float | None = None
 
     @property
     def duty(self) -> float:
         """Fraction of an iteration the GPU is busy when the job runs alone."""
-        gpu = self.kernels * self.kernel_us
+        gpu = (self.kernels - self.long_kernels) * self.kernel_us + self.long_kernels * (
+            self.kernel_us if self.long_us is None else self.long_us)
         return gpu / (gpu + self.gap_us) if gpu + self.gap_us else 0.0
 
     @classmethod
@@ -60,6 +63,10 @@ class Workload:
             out.append("--managed")
         if self.iterations:
             out += ["--iterations", str(self.iterations)]
+        if self.long_kernels:
+            out += ["--long-kernels", str(self.long_kernels)]
+        if self.long_us is not None:
+            out += ["--long-us", f"{self.long_us:g}"]
         return out
 
     def argv(self, binary: Path | None = None) -> list[str]:

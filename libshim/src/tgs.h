@@ -35,6 +35,12 @@ enum tgs_mode { TGS_MODE_UNKNOWN = 0, TGS_MODE_PASS = 1, TGS_MODE_ACTIVE = 2 };
 
 #define TGS_INFLIGHT_RING 64 /* kernels in flight per process, at most */
 #define TGS_INFLIGHT_QUANTUM_NS 500000ull /* the in-flight bound counts shorter kernels as this part of one */
+#define TGS_KERNEL_KEYS 256 /* kernels (function and grid size) whose length is remembered, per GPU */
+struct tgs_kernel_length {
+    uintptr_t fn;    /* what was launched (a function or a graph), 0: free */
+    uint64_t blocks; /* its grid's thread blocks */
+    uint64_t ns;     /* how long it runs (0: not timed yet) */
+};
 enum tgs_timer {
     TGS_TIMER_IDLE = 0,    /* free to time a launch */
     TGS_TIMER_RUNNING = 1, /* its events are recorded around a kernel not yet read */
@@ -63,9 +69,15 @@ struct tgs_gpu { /* one control-block GPU slot, as this process sees it */
     CUcontext ev_ctx[TGS_INFLIGHT_RING];   /* the context each was made in, */
     unsigned ev_gen[TGS_INFLIGHT_RING];    /* and the context generation then */
     unsigned ev_covers[TGS_INFLIGHT_RING]; /* the kernels each covers (launched since the one before) */
+    uint64_t ev_work[TGS_INFLIGHT_RING];   /* and their cost, ns */
     unsigned ev_head, ev_count;
     unsigned ev_kernels;                   /* kernels the events in the ring cover */
+    uint64_t ev_work_ns;                   /* and their cost */
     unsigned untracked;                    /* kernels launched since the last event */
+    uint64_t untracked_ns;                 /* and their cost */
+    struct tgs_kernel_length klen[TGS_KERNEL_KEYS]; /* opportunistic: each kernel's length */
+    uintptr_t timed_fn;                    /* the kernel being timed */
+    uint64_t timed_blocks;
     CUevent timer[2];                      /* opportunistic: times one kernel in TGS_TIME_EVERY */
     CUcontext timer_ctx;
     unsigned timer_gen;
@@ -78,7 +90,6 @@ struct tgs_gpu { /* one control-block GPU slot, as this process sees it */
     uint64_t timed_ns[TGS_TIMED];          /* the last kernels timed */
     unsigned ntimed;
     uint64_t kernel_ns;                    /* how long its kernels run: their median (0: not known yet) */
-    uint64_t kernel_mean_ns;               /* and their mean: the work a kernel in flight stands for */
     uint64_t queue_end_ns;                 /* when what it launched is expected to be done */
 };
 

@@ -55,7 +55,9 @@ static struct {
     double param_mb, act_mb;
     int device, verify, managed, json;
     long iterations; /* stop after this many (0: run for --seconds) */
-} opt = {1000, 0, 10, 1, -1, 10, 16, 16, 0, 0, 0, 0, 0};
+    long long_kernels; /* the last this many kernels of each iteration run long_us */
+    double long_us;
+} opt = {1000, 0, 10, 1, -1, 10, 16, 16, 0, 0, 0, 0, 0, 0, 0};
 
 static double now_s(void) {
     struct timespec ts;
@@ -137,6 +139,9 @@ static void usage(FILE *f) {
             "A GPU job shaped like training: K kernels per iteration, a sync, a CPU gap.\n\n"
             "  --kernel-us US   duration of each kernel (default 1000)\n"
             "  --kernels K      kernels per iteration (default 10)\n"
+            "  --long-kernels N the last N of them run --long-us instead, one after another, on twice\n"
+            "                   the grid (other kernels, as a backward pass's matmuls; default 0)\n"
+            "  --long-us US     duration of those (default: --kernel-us)\n"
             "  --gap-us US      CPU time between iterations (default 0: GPU-bound)\n"
             "  --seconds S      how long to run (default 10)\n"
             "  --iterations N   stop after N iterations instead (a job of fixed work; --seconds still caps it)\n"
@@ -167,7 +172,8 @@ static void parse(int argc, char **argv) {
         {"kernel-us", 1, 0, 'k'}, {"kernels", 1, 0, 'K'}, {"gap-us", 1, 0, 'g'},   {"seconds", 1, 0, 's'},
         {"param-mb", 1, 0, 'p'},  {"act-mb", 1, 0, 'a'},  {"device", 1, 0, 'd'},   {"report-s", 1, 0, 'r'},
         {"warmup-s", 1, 0, 'w'},  {"verify", 0, 0, 'v'},  {"managed", 0, 0, 'm'},  {"json", 0, 0, 'j'},
-        {"print-ptx", 0, 0, 'P'}, {"help", 0, 0, 'h'},    {"iterations", 1, 0, 'n'}, {0, 0, 0, 0}};
+        {"print-ptx", 0, 0, 'P'}, {"help", 0, 0, 'h'},    {"iterations", 1, 0, 'n'}, {"long-kernels", 1, 0, 'L'},
+        {"long-us", 1, 0, 'U'},   {0, 0, 0, 0}};
     int c;
     while ((c = getopt_long(argc, argv, "h", longs, NULL)) != -1) {
         switch (c) {
@@ -181,6 +187,8 @@ static void parse(int argc, char **argv) {
         case 'r': opt.report_s = parse_num("--report-s", optarg, 0.01, 1e7); break;
         case 'w': opt.warmup_s = parse_num("--warmup-s", optarg, 0, 1e7); break;
         case 'n': opt.iterations = (long)parse_num("--iterations", optarg, 1, 1e12); break;
+        case 'L': opt.long_kernels = (long)parse_num("--long-kernels", optarg, 0, 100000); break;
+        case 'U': opt.long_us = parse_num("--long-us", optarg, 0, 60e6); break;
         case 'v': opt.verify = 1; break;
         case 'm': opt.managed = 1; break;
         case 'j': opt.json = 1; break;
@@ -194,6 +202,13 @@ static void parse(int argc, char **argv) {
         usage(stderr);
         exit(2);
     }
+    if (opt.long_kernels > opt.kernels) {
+        fprintf(stderr, "tgs-workload: --long-kernels %ld: more than the %ld kernels per iteration (--kernels)\n",
+                opt.long_kernels, opt.kernels);
+        exit(2);
+    }
+    if (!opt.long_us)
+        opt.long_us = opt.kernel_us;
     if (opt.warmup_s < 0)
         opt.warmup_s = opt.seconds / 4 < 1 ? opt.seconds / 4 : 1;
     if (opt.warmup_s >= opt.seconds)
@@ -321,7 +336,8 @@ int main(int argc, char **argv) {
     size_t K = (size_t)opt.kernels;
     size_t ps = (params.bytes / K + STRIDE - 1) / STRIDE * STRIDE;
     size_t as = (acts.bytes / K + STRIDE - 1) / STRIDE * STRIDE;
-    unsigned long long ns = (unsigned long long)(opt.kernel_us * 1000.0);
+    unsigned long long short_ns = (unsigned long long)(opt.kernel_us * 1000.0);
+    unsigned long long long_ns = (unsigned long long)(opt.long_us * 1000.0);
     unsigned stride = STRIDE, delta = 1;
 
     double start = now_s(), last_t = start, next = start + opt.report_s, warm_t = -1;
@@ -335,8 +351,11 @@ int main(int argc, char **argv) {
             size_t ao = k * as < acts.bytes ? k * as : acts.bytes;
             unsigned long long a = params.ptr + po, ab = (po + ps <= params.bytes ? ps : params.bytes - po);
             unsigned long long b = acts.ptr + ao, bb = (ao + as <= acts.bytes ? as : acts.bytes - ao);
+            int is_long = k + (size_t)opt.long_kernels >= K;
+            unsigned long long ns = is_long ? long_ns : short_ns;
             void *args[] = {&ns, &a, &ab, &b, &bb, &stride, &delta};
-            CHECK(cu.LaunchKernel(step, (unsigned)sms, 1, 1, 128, 1, 1, 0, NULL, args, NULL), "cuLaunchKernel");
+            CHECK(cu.LaunchKernel(step, (unsigned)sms * (is_long ? 2 : 1), 1, 1, 128, 1, 1, 0, NULL, args, NULL),
+                  "cuLaunchKernel");
         }
         CHECK(cu.CtxSynchronize(), "cuCtxSynchronize");
         it++;

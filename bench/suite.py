@@ -34,9 +34,9 @@ class Step:
 
 
 # In the order they run; the seconds were measured by this suite on simgpu (2 cores, 2026-11-22)
-# except pytorch's, which are guesses, and the 30 s (12 s quick) isolation's row of short
-# kernels added on 2026-11-23 (its runs' lengths).
-PLAN = (Step("isolation", 320, 137), Step("pytorch", 150, 75), Step("oversubscription", 115, 70),
+# except pytorch's, which are guesses, and the 60 s (25 s quick) of isolation's two rows of
+# other kernels added on 2026-11-23 (their runs' lengths).
+PLAN = (Step("isolation", 350, 150), Step("pytorch", 150, 75), Step("oversubscription", 115, 70),
         Step("dynamics", 200, 105), Step("multi", 150, 45), Step("overhead", 90, 15))
 GRACE_S = 30  # what an interrupted benchmark gets to clean up
 

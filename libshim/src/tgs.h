@@ -35,7 +35,7 @@ enum tgs_mode { TGS_MODE_UNKNOWN = 0, TGS_MODE_PASS = 1, TGS_MODE_ACTIVE = 2 };
 
 #define TGS_INFLIGHT_RING 64 /* kernels in flight per process, at most */
 #define TGS_INFLIGHT_QUANTUM_NS 500000ull /* the in-flight bound counts shorter kernels as this part of one */
-#define TGS_KERNEL_KEYS 256 /* kernels (function and grid size) whose length is remembered, per GPU */
+#define TGS_KERNEL_KEYS 1024 /* kernels (function and grid size) whose length is remembered, per GPU */
 struct tgs_kernel_length {
     uintptr_t fn;    /* what was launched (a function or a graph), 0: free */
     uint64_t blocks; /* its grid's thread blocks */
@@ -75,7 +75,6 @@ struct tgs_gpu { /* one control-block GPU slot, as this process sees it */
     uint64_t ev_work_ns;                   /* and their cost */
     unsigned untracked;                    /* kernels launched since the last event */
     uint64_t untracked_ns;                 /* and their cost */
-    struct tgs_kernel_length klen[TGS_KERNEL_KEYS]; /* opportunistic: each kernel's length */
     uintptr_t timed_fn;                    /* the kernel being timed */
     uint64_t timed_blocks;
     CUevent timer[2];                      /* opportunistic: times one kernel in TGS_TIME_EVERY */

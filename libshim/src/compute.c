@@ -153,13 +153,13 @@ static int event_serves(CUevent *e, CUcontext made_in, unsigned made_gen, CUcont
  * grid's size, from the launches timed. Only the thread that owns the timer inserts or
  * updates (one at a time), storing the key before the length; a reader that finds the
  * key without a length takes the kernel as not timed yet. A full table remembers no more. */
-static struct tgs_kernel_length g_kernel_lengths[TGS_MAX_GPUS][TGS_KERNEL_KEYS]; /* by g_tgs.gpu[] (bss) */
+static struct tgs_kernel_length g_kernel_lengths[TGS_MAX_GPUS][TGS_KERNEL_KEYS]; /* by GPU slot (in bss) */
 
 static struct tgs_kernel_length *kernel_slot(struct tgs_gpu *g, uintptr_t fn, uint64_t blocks, int insert) {
-    uint64_t h = ((uint64_t)fn >> 4) * 0x9E3779B97F4A7C15ull ^ blocks * 0xC2B2AE3D27D4EB4Full;
-    unsigned base = (unsigned)((h >> 56 ^ h) % TGS_KERNEL_KEYS);
+    uint64_t h = ((uint64_t)fn ^ blocks * 0x9E3779B97F4A7C15ull) * 0xC2B2AE3D27D4EB4Full;
+    unsigned base = (unsigned)(h >> (64 - TGS_KERNEL_KEY_BITS)); /* the product's top bits */
     for (unsigned i = 0; i < 4; i++) { /* a short linear probe */
-        struct tgs_kernel_length *k = &g_kernel_lengths[g - g_tgs.gpu][(base + i) % TGS_KERNEL_KEYS];
+        struct tgs_kernel_length *k = &g_kernel_lengths[g->slot][(base + i) % TGS_KERNEL_KEYS];
         uintptr_t f = __atomic_load_n(&k->fn, __ATOMIC_ACQUIRE);
         if (f == fn && __atomic_load_n(&k->blocks, __ATOMIC_RELAXED) == blocks)
             return k;

@@ -35,7 +35,8 @@ enum tgs_mode { TGS_MODE_UNKNOWN = 0, TGS_MODE_PASS = 1, TGS_MODE_ACTIVE = 2 };
 
 #define TGS_INFLIGHT_RING 64 /* kernels in flight per process, at most */
 #define TGS_INFLIGHT_QUANTUM_NS 500000ull /* the in-flight bound counts shorter kernels as this part of one */
-#define TGS_KERNEL_KEYS 1024 /* kernels (function and grid size) whose length is remembered, per GPU */
+#define TGS_KERNEL_KEY_BITS 10 /* 1,024 kernels (function and grid size) whose length is remembered, per GPU */
+#define TGS_KERNEL_KEYS (1u << TGS_KERNEL_KEY_BITS)
 struct tgs_kernel_length {
     uintptr_t fn;    /* what was launched (a function or a graph), 0: free */
     uint64_t blocks; /* its grid's thread blocks */

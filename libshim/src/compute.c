@@ -187,10 +187,20 @@ static struct tgs_kernel_length *kernel_slot(struct tgs_gpu *g, uintptr_t fn, ui
  * of solo at 50 % duty against 0.992 counting kernels). Costed kernel by kernel, with the
  * long ones on another grid: 0.980 (0.994 counting kernels), and 0.805 of the idle time
  * to the job against 0.46. */
-static uint64_t kernel_cost(struct tgs_gpu *g, uintptr_t fn, uint64_t blocks) {
-    struct tgs_kernel_length *k = kernel_slot(g, fn, blocks, 0);
+static uint64_t kernel_cost(const struct tgs_kernel_length *k) {
     uint64_t ns = k ? __atomic_load_n(&k->ns, __ATOMIC_ACQUIRE) : 0;
     return ns && ns < TGS_INFLIGHT_QUANTUM_NS ? ns : TGS_INFLIGHT_QUANTUM_NS;
+}
+
+/* How long anticipation takes a kernel to run: its own length once it has been timed
+ * twice (the shorter of the moving average and the last reading, so that one inflated
+ * first reading, a kernel that waited behind other work, does not hold it back for
+ * long), else the median of the process's last five timed kernels. Taking every kernel
+ * for the median let a 2 ms kernel among 10 us ones start just before production was
+ * due. */
+static uint64_t kernel_expected(const struct tgs_gpu *g, const struct tgs_kernel_length *k) {
+    uint64_t ns = k ? __atomic_load_n(&k->likely_ns, __ATOMIC_ACQUIRE) : 0;
+    return ns ? ns : g->kernel_ns;
 }
 
 /* Kernels are tracked in batches: an event is recorded once a quarter of the bound's work
@@ -399,8 +409,10 @@ __attribute__((noinline)) static void timer_read_now(struct tgs_gpu *g) {
         g->kernel_ns = v[(n - 1) / 2];
         struct tgs_kernel_length *k = kernel_slot(g, g->timed_fn, g->timed_blocks, 1);
         if (k) { /* this kernel's own length: the last timed, a quarter of it at a time */
-            uint64_t old = __atomic_load_n(&k->ns, __ATOMIC_RELAXED);
-            __atomic_store_n(&k->ns, old ? old - old / 4 + t / 4 : (t ? t : 1), __ATOMIC_RELEASE);
+            uint64_t old = __atomic_load_n(&k->ns, __ATOMIC_RELAXED), avg = old ? old - old / 4 + t / 4 : (t ? t : 1);
+            __atomic_store_n(&k->ns, avg, __ATOMIC_RELEASE);
+            if (old)
+                __atomic_store_n(&k->likely_ns, t && t < avg ? t : avg, __ATOMIC_RELEASE);
         }
         if (tgs_log_level >= TGS_LOG_DEBUG && (g->kernel_ns > was + was / 16 || g->kernel_ns < was - was / 16))
             tgs_log(TGS_LOG_DEBUG, "its kernels run %.1f us (the median of %u timed)", (double)g->kernel_ns / 1e3, n);
@@ -495,11 +507,10 @@ static int runs_into(const volatile struct tgs_expectation *e, uint64_t start, u
 }
 
 /* Called only when the budget says TGS_GPU_ANTICIPATE.
- * 0 when a kernel launched now would be done before each production process that has
+ * 0 when a kernel of k ns launched now would be done before each production process that has
  * gone idle is next expected (or has let its expected window pass without launching);
  * else when to look again. */
-__attribute__((noinline)) static uint64_t hold_back_until(struct tgs_gpu *g, uint64_t now) {
-    uint64_t k = g->kernel_ns;
+__attribute__((noinline)) static uint64_t hold_back_until(struct tgs_gpu *g, uint64_t now, uint64_t k) {
     if (!g->expect || !k)
         return 0;
     uint32_t n = __atomic_load_n(g->expect_slots, __ATOMIC_ACQUIRE);
@@ -516,8 +527,8 @@ __attribute__((noinline)) static uint64_t hold_back_until(struct tgs_gpu *g, uin
     return look;
 }
 
-static int must_hold_back(struct tgs_gpu *g, uint64_t now, int anticipate) {
-    return must_wait_for_production(g, now) || (anticipate && hold_back_until(g, now));
+static int must_hold_back(struct tgs_gpu *g, uint64_t now, int anticipate, uint64_t k) {
+    return must_wait_for_production(g, now) || (anticipate && hold_back_until(g, now, k));
 }
 
 struct launch {
@@ -536,13 +547,17 @@ static uint64_t opportunistic_admit(struct tgs_gpu *g, struct launch *L, uintptr
     uint64_t now = tgs_now(), start = now, until;
     int anticipate = (b->flags & TGS_GPU_ANTICIPATE) != 0;
     int timing = anticipate || b->inflight_max;
-    if (timing)
+    const struct tgs_kernel_length *kl = NULL;
+    if (timing) {
         timer_read(g, now);
+        kl = kernel_slot(g, fn, blocks, 0);
+    }
+    uint64_t k = kernel_expected(g, kl);
     for (;;) {
         for (;;) {
             if (must_wait_for_production(g, now))
                 tgs_sleep_until(now + GATE_POLL_NS);
-            else if (anticipate && (until = hold_back_until(g, now)))
+            else if (anticipate && (until = hold_back_until(g, now, k)))
                 tgs_sleep_until(until);
             else
                 break;
@@ -551,17 +566,17 @@ static uint64_t opportunistic_admit(struct tgs_gpu *g, struct launch *L, uintptr
         unsigned max = b->inflight_max;
         uint64_t before = now;
         L->bound_ns = (uint64_t)(max < TGS_INFLIGHT_RING ? max : TGS_INFLIGHT_RING) * TGS_INFLIGHT_QUANTUM_NS;
-        L->cost_ns = max ? kernel_cost(g, fn, blocks) : 0;
+        L->cost_ns = max ? kernel_cost(kl) : 0;
         if (max && inflight_wait(g, L->bound_ns, L->cost_ns))
             now = tgs_now();
         take_tokens(g, blocks, &now);
         /* production may have started, or come due, while this thread waited: look again */
-        if (now == before || !must_hold_back(g, now, anticipate))
+        if (now == before || !must_hold_back(g, now, anticipate, k))
             break;
     }
     if (timing) {
         uint64_t q = g->queue_end_ns;
-        g->queue_end_ns = (q > now ? q : now) + g->kernel_ns;
+        g->queue_end_ns = (q > now ? q : now) + k;
     }
     if (now != start) {
         __atomic_fetch_add(&g->ctr->throttled_ns, now - start, __ATOMIC_RELAXED);

@@ -193,14 +193,12 @@ static uint64_t kernel_cost(const struct tgs_kernel_length *k) {
 }
 
 /* How long anticipation takes a kernel to run: its own length once it has been timed
- * twice (the shorter of the moving average and the last reading, so that one inflated
- * first reading, a kernel that waited behind other work, does not hold it back for
- * long), else the median of the process's last five timed kernels. Taking every kernel
+ * twice, else the median of the process's last five timed kernels. Taking every kernel
  * for the median let a 2 ms kernel among 10 us ones start just before production was
  * due. */
 static uint64_t kernel_expected(const struct tgs_gpu *g, const struct tgs_kernel_length *k) {
-    uint64_t ns = k ? __atomic_load_n(&k->likely_ns, __ATOMIC_ACQUIRE) : 0;
-    return ns ? ns : g->kernel_ns;
+    return k && __atomic_load_n(&k->readings, __ATOMIC_ACQUIRE) >= 2 ? __atomic_load_n(&k->ns, __ATOMIC_RELAXED)
+                                                                      : g->kernel_ns;
 }
 
 /* Kernels are tracked in batches: an event is recorded once a quarter of the bound's work
@@ -408,11 +406,16 @@ __attribute__((noinline)) static void timer_read_now(struct tgs_gpu *g) {
         uint64_t was = g->kernel_ns, t = g->timed_ns[(g->ntimed - 1) % TGS_TIMED];
         g->kernel_ns = v[(n - 1) / 2];
         struct tgs_kernel_length *k = kernel_slot(g, g->timed_fn, g->timed_blocks, 1);
-        if (k) { /* this kernel's own length: the last timed, a quarter of it at a time */
-            uint64_t old = __atomic_load_n(&k->ns, __ATOMIC_RELAXED), avg = old ? old - old / 4 + t / 4 : (t ? t : 1);
-            __atomic_store_n(&k->ns, avg, __ATOMIC_RELEASE);
-            if (old)
-                __atomic_store_n(&k->likely_ns, t && t < avg ? t : avg, __ATOMIC_RELEASE);
+        if (k) { /* this kernel's own length */
+            uint64_t old = __atomic_load_n(&k->ns, __ATOMIC_RELAXED), n = k->readings, ns;
+            if (!n)
+                ns = t ? t : 1;
+            else if (n == 1) /* the shorter of the first two: a first reading that waited behind other work does not last */
+                ns = t && t < old ? t : old;
+            else             /* then a quarter of the way to each new reading */
+                ns = old - old / 4 + t / 4;
+            __atomic_store_n(&k->ns, ns ? ns : 1, __ATOMIC_RELEASE);
+            __atomic_store_n(&k->readings, n + 1, __ATOMIC_RELEASE);
         }
         if (tgs_log_level >= TGS_LOG_DEBUG && (g->kernel_ns > was + was / 16 || g->kernel_ns < was - was / 16))
             tgs_log(TGS_LOG_DEBUG, "its kernels run %.1f us (the median of %u timed)", (double)g->kernel_ns / 1e3, n);

@@ -40,8 +40,8 @@ enum tgs_mode { TGS_MODE_UNKNOWN = 0, TGS_MODE_PASS = 1, TGS_MODE_ACTIVE = 2 };
 struct tgs_kernel_length {
     uintptr_t fn;    /* what was launched (a function or a graph), 0: free */
     uint64_t blocks; /* its grid's thread blocks */
-    uint64_t ns;     /* how long it runs: a moving average of its readings (0: not timed yet) */
-    uint64_t likely_ns; /* the shorter of that and its last reading, from its second on (0: before) */
+    uint64_t ns;     /* how long it runs (0: not timed yet) */
+    uint64_t readings; /* how many times it was timed */
 };
 enum tgs_timer {
     TGS_TIMER_IDLE = 0,    /* free to time a launch */

@@ -150,7 +150,7 @@ static int event_serves(CUevent *e, CUcontext made_in, unsigned made_gen, CUcont
 /* ---------- opportunistic: each kernel's length ---------- */
 
 /* Each kernel's length, remembered by what was launched (a function or a graph) and its
- * grid's size, from the launches timed. Only the thread that owns the timer inserts or
+ * grid's size, from the launches timed (the timer, below, fills it in). Only the thread that owns the timer inserts or
  * updates (one at a time), storing the key before the length; a reader that finds the
  * key without a length takes the kernel as not timed yet. A full table remembers no more. */
 static struct tgs_kernel_length g_kernel_lengths[TGS_MAX_GPUS][TGS_KERNEL_KEYS]; /* by GPU slot (in bss) */
@@ -174,6 +174,15 @@ static struct tgs_kernel_length *kernel_slot(struct tgs_gpu *g, uintptr_t fn, ui
     return NULL;
 }
 
+/* How long anticipation takes a kernel to run: its own length once it has been timed
+ * twice, else the median of the process's last five timed kernels. Taking every kernel
+ * for the median let a 2 ms kernel among 10 us ones start just before production was
+ * due. */
+static uint64_t kernel_expected(const struct tgs_gpu *g, const struct tgs_kernel_length *k) {
+    return k && __atomic_load_n(&k->readings, __ATOMIC_ACQUIRE) >= 2 ? __atomic_load_n(&k->ns, __ATOMIC_RELAXED)
+                                                                      : g->kernel_ns;
+}
+
 /* ---------- opportunistic: kernels in flight ---------- */
 
 /* The in-flight bound is work: `inflight_max` kernels of TGS_INFLIGHT_QUANTUM_NS or
@@ -190,15 +199,6 @@ static struct tgs_kernel_length *kernel_slot(struct tgs_gpu *g, uintptr_t fn, ui
 static uint64_t kernel_cost(const struct tgs_kernel_length *k) {
     uint64_t ns = k ? __atomic_load_n(&k->ns, __ATOMIC_ACQUIRE) : 0;
     return ns && ns < TGS_INFLIGHT_QUANTUM_NS ? ns : TGS_INFLIGHT_QUANTUM_NS;
-}
-
-/* How long anticipation takes a kernel to run: its own length once it has been timed
- * twice, else the median of the process's last five timed kernels. Taking every kernel
- * for the median let a 2 ms kernel among 10 us ones start just before production was
- * due. */
-static uint64_t kernel_expected(const struct tgs_gpu *g, const struct tgs_kernel_length *k) {
-    return k && __atomic_load_n(&k->readings, __ATOMIC_ACQUIRE) >= 2 ? __atomic_load_n(&k->ns, __ATOMIC_RELAXED)
-                                                                      : g->kernel_ns;
 }
 
 /* Kernels are tracked in batches: an event is recorded once a quarter of the bound's work

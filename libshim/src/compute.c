@@ -393,7 +393,8 @@ __attribute__((noinline)) static void timer_read_now(struct tgs_gpu *g) {
         return;
     float ms = 0;
     if (REAL(cuEventElapsedTime)(&ms, g->timer[0], g->timer[1]) == CUDA_SUCCESS && ms >= 0) {
-        g->timed_ns[g->ntimed++ % TGS_TIMED] = (uint64_t)((double)ms * 1e6);
+        uint64_t t = (uint64_t)((double)ms * 1e6);
+        g->timed_ns[g->ntimed++ % TGS_TIMED] = t;
         unsigned n = g->ntimed < TGS_TIMED ? g->ntimed : TGS_TIMED;
         uint64_t v[TGS_TIMED];
         for (unsigned i = 0; i < n; i++) { /* insertion sort of at most five */
@@ -403,19 +404,19 @@ __attribute__((noinline)) static void timer_read_now(struct tgs_gpu *g) {
                 v[j] = v[j - 1];
             v[j] = x;
         }
-        uint64_t was = g->kernel_ns, t = g->timed_ns[(g->ntimed - 1) % TGS_TIMED];
+        uint64_t was = g->kernel_ns;
         g->kernel_ns = v[(n - 1) / 2];
         struct tgs_kernel_length *k = kernel_slot(g, g->timed_fn, g->timed_blocks, 1);
         if (k) { /* this kernel's own length */
-            uint64_t old = __atomic_load_n(&k->ns, __ATOMIC_RELAXED), n = k->readings, ns;
-            if (!n)
+            uint64_t old = __atomic_load_n(&k->ns, __ATOMIC_RELAXED), readings = k->readings, ns;
+            if (!readings)
                 ns = t ? t : 1;
-            else if (n == 1) /* the shorter of the first two: a first reading that waited behind other work does not last */
+            else if (readings == 1) /* the shorter of the first two: one that waited behind other work does not last */
                 ns = t && t < old ? t : old;
-            else             /* then a quarter of the way to each new reading */
+            else                    /* then a quarter of the way to each new reading */
                 ns = old - old / 4 + t / 4;
-            __atomic_store_n(&k->ns, ns ? ns : 1, __ATOMIC_RELEASE);
-            __atomic_store_n(&k->readings, n + 1, __ATOMIC_RELEASE);
+            __atomic_store_n(&k->ns, ns, __ATOMIC_RELEASE); /* never 0 (not timed) once timed */
+            __atomic_store_n(&k->readings, readings + 1, __ATOMIC_RELEASE);
         }
         if (tgs_log_level >= TGS_LOG_DEBUG && (g->kernel_ns > was + was / 16 || g->kernel_ns < was - was / 16))
             tgs_log(TGS_LOG_DEBUG, "its kernels run %.1f us (the median of %u timed)", (double)g->kernel_ns / 1e3, n);

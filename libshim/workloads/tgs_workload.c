@@ -56,8 +56,8 @@ static struct {
     int device, verify, managed, json;
     long iterations; /* stop after this many (0: run for --seconds) */
     long long_kernels; /* the last this many kernels of each iteration run long_us */
-    double long_us;
-} opt = {1000, 0, 10, 1, -1, 10, 16, 16, 0, 0, 0, 0, 0, 0, 0};
+    double long_us;    /* -1: --kernel-us */
+} opt = {1000, 0, 10, 1, -1, 10, 16, 16, 0, 0, 0, 0, 0, 0, -1};
 
 static double now_s(void) {
     struct timespec ts;
@@ -207,7 +207,7 @@ static void parse(int argc, char **argv) {
                 opt.long_kernels, opt.kernels);
         exit(2);
     }
-    if (!opt.long_us)
+    if (opt.long_us < 0)
         opt.long_us = opt.kernel_us;
     if (opt.warmup_s < 0)
         opt.warmup_s = opt.seconds / 4 < 1 ? opt.seconds / 4 : 1;

@@ -5,9 +5,11 @@ and without the shim, interleaved round by round in one run: nanoseconds inside
 cuLaunchKernel per launch (medians), and on simgpu instructions per launch counted by
 callgrind beside them (repeatable whatever the machine is doing). Modes: without the shim;
 the shim outside a TGS container; production; opportunistic with no limit; opportunistic
-with tgsd's default in-flight bound (2: an event recorded after each launch, the oldest
-queried); opportunistic anticipating an idle production's next launch (gate and expectation read on every launch,
-about one launch in 32 timed between two events). Target: <= 100 ns added."""
+with tgsd's default in-flight bound (2: the kernel's length looked up, one event per
+batch of launches, the oldest queried at the bound, about one launch in 32 timed);
+opportunistic anticipating an idle production's next launch (gate, expectation and the
+kernel's length read on every launch, about one launch in 32 timed between two events).
+Target: <= 100 ns added."""
 from __future__ import annotations
 
 import json

@@ -3,15 +3,20 @@
 Production: ResNet-50 training with a CPU gap after each step (a data loader's time), so
 the GPU idles part of each iteration. Opportunistic: a GPT-2-small-sized decoder training
 flat out. Settings, side by side in one run: exclusive (each alone, no shim), co-execution
-(both, no shim), TGS fast (both in TGS containers of their class, tgsd of our own with a
-memory budget far below the card's). Figures: production / exclusive, opportunistic /
-exclusive, share of idle time (opportunistic ratio / (1 - production's duty))."""
+(both, no shim), MPS (both clients of a private MPS daemon, no shim: production at normal
+priority, opportunistic at below-normal priority on the idle share of the SMs; where
+nvidia-cuda-mps-control exists, else the table says why not; bench/mps.py), TGS fast (both
+in TGS containers of their class, tgsd of our own with a memory budget far below the
+card's). Figures: production / exclusive, opportunistic / exclusive, share of idle time
+(opportunistic ratio / (1 - production's duty))."""
 from __future__ import annotations
 
+import os
 import sys
 import time
 from pathlib import Path
 
+from bench import mps
 from bench.common import Echo, Outputs, machine, table
 from bench.lab import Job, Lab
 
@@ -67,10 +72,27 @@ def run(echo: Echo = print, quick: bool = False, json_path: Path | None = None) 
                                         seconds)["prod"]
         echo(f"  resnet50 (gap {gap_ms:g} ms) {res['excl_prod']:.2f} it/s, no gap {res['excl_prod_nogap']:.2f} it/s;"
              f" gpt2 {res['excl_opp']:.2f} it/s")
+        # Production's duty alone: the GPU's share of one step with the gap.
+        duty = min(1.0, res["excl_prod"] / res["excl_prod_nogap"])
         r = window({"prod": lab.run(argv("resnet50", long, gap_ms), "co-prod"),
                     "opp": lab.run(argv("gpt2", long, 0, 8), "co-opp")}, seconds)
         res["co-execution"] = r
         echo(f"  co-execution: {r}")
+        res["mps_percent"] = mps.opportunistic_percent(duty)
+        res["mps_not_run"] = mps.unavailable(lab.real)
+        if res["mps_not_run"] is None:
+            try:
+                keep = os.environ.get("TGS_BENCH_LOGS")
+                with mps.Mps(lab.dir, Path(keep) if keep else None) as m:
+                    res["mps"] = window({
+                        "prod": lab.run(argv("resnet50", long, gap_ms), "mps-prod", m.client(mps.Client())),
+                        "opp": lab.run(argv("gpt2", long, 0, 8), "mps-opp",
+                                       m.client(mps.Client(res["mps_percent"], below_normal=True)))}, seconds)
+                echo(f"  MPS (opportunistic on {res['mps_percent']} % of the SMs): {res['mps']}")
+            except (mps.MpsError, RuntimeError, OSError) as e:
+                res["mps_not_run"] = f"failed: {e}"
+        if res["mps_not_run"]:
+            echo(f"  MPS: not run, {res['mps_not_run']}")
     with Lab(tgsd={"control": {"controller": "fast"}}) as lab:
         prod_c, opp_c = lab.container("production"), lab.container("opportunistic")
         jobs = {"prod": lab.run(argv("resnet50", long, gap_ms), "tgs-prod", prod_c),
@@ -78,16 +100,15 @@ def run(echo: Echo = print, quick: bool = False, json_path: Path | None = None) 
         time.sleep(0 if quick else 5)  # let the controller profile production first
         res["fast"] = window(jobs, seconds)
         echo(f"  TGS fast: {res['fast']}")
-    # Production's duty alone: the GPU's share of one step with the gap.
-    duty = min(1.0, res["excl_prod"] / res["excl_prod_nogap"])
     rows, summary = [], {}
-    for name in ("co-execution", "fast"):
+    for name in [n for n in ("co-execution", "mps", "fast") if n in res]:
         p = res[name]["prod"] / res["excl_prod"]
         o = res[name]["opp"] / res["excl_opp"]
         idle = o / (1 - duty) if duty < 1 else float("nan")
         summary[name] = {"production_ratio": round(p, 3), "opportunistic_ratio": round(o, 3),
                          "idle_share": round(idle, 3)}
-        rows.append([name, f"{p:.3f}", f"{o:.3f}", f"{idle:.3f}"])
+        label = f"MPS, opportunistic on {res['mps_percent']} % of the SMs" if name == "mps" else name
+        rows.append([label, f"{p:.3f}", f"{o:.3f}", f"{idle:.3f}"])
     result = {"benchmark": "pytorch", "simulated": False, "machine": machine("real GPU"), "quick": quick,
               "raw": res, "production_duty": round(duty, 3), "summary": summary}
     md = (f"### pytorch: ResNet-50 (production, {gap_ms:g} ms CPU gap per step, duty {duty:.2f}) beside a "
@@ -95,6 +116,10 @@ def run(echo: Echo = print, quick: bool = False, json_path: Path | None = None) 
           f"commit {result['machine']['commit']}\n\n"
           + table(["setting", "production / exclusive", "opportunistic / exclusive", "share of idle time"], rows)
           + f"\n\nExclusive: ResNet-50 {res['excl_prod']:.2f} it/s (batch 64), GPT-2-small-sized "
-          f"{res['excl_opp']:.2f} it/s (batch 8 x 512 tokens).")
+          f"{res['excl_opp']:.2f} it/s (batch 8 x 512 tokens). "
+          + (f"MPS baseline not run: {res['mps_not_run']}." if res["mps_not_run"] else
+             "MPS: production at normal priority with every SM, opportunistic at below-normal priority "
+             "(CUDA_MPS_CLIENT_PRIORITY=1) on the idle share of the SMs (CUDA_MPS_ACTIVE_THREAD_PERCENTAGE), "
+             "neither with libtgs.so."))
     Outputs("pytorch", json_path).write(result, md, echo)
     return result

@@ -34,9 +34,9 @@ class Step:
 
 
 # In the order they run; the seconds were measured by this suite on simgpu (2 cores, 2026-11-22)
-# except pytorch's, which are guesses, and the 60 s (25 s quick) of isolation's two rows of
-# other kernels added on 2026-11-23 (their runs' lengths).
-PLAN = (Step("isolation", 350, 150), Step("pytorch", 150, 75), Step("oversubscription", 115, 70),
+# except pytorch's, which are guesses (with 35 s, 25 s quick, for its MPS row), and the 60 s
+# (25 s quick) of isolation's two rows of other kernels added on 2026-11-23 (their runs' lengths).
+PLAN = (Step("isolation", 350, 150), Step("pytorch", 185, 100), Step("oversubscription", 115, 70),
         Step("dynamics", 200, 105), Step("multi", 150, 45), Step("overhead", 90, 15))
 GRACE_S = 30  # what an interrupted benchmark gets to clean up
 
@@ -135,6 +135,6 @@ def run(echo: Echo = print, quick: bool = False, json_path: Path | None = None) 
           f"commit {result['machine']['commit']})\n\n"
           + table(["benchmark", "mode", "seconds", "outcome", "results"], rows)
           + f"\n\nAll of it took {total:.0f} s. tgsd logs: bench/results/suite/logs/ (TGS_BENCH_LOGS)."
-          + " No MPS baseline yet (not implemented).")
+          + " The MPS baseline is a row of pytorch's table (where nvidia-cuda-mps-control exists).")
     Outputs("suite", json_path).write(result, md, echo)
     return result

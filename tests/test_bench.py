@@ -118,3 +118,29 @@ def test_the_dynamics_plot_draws_one_controller_as_well_as_two():
            "series": {"production": [[(0.5, 1.0), (1.0, 0.99)]], "opportunistic": [(0.5, 0.7), (1.0, 0.75)]}}
     for runs in ({"fast": one}, {"fast": one, "tgs-paper": one}):
         assert len(plot(runs, 10.0).axes) == len(runs)
+
+
+def test_the_mps_baseline_gives_the_opportunistic_job_the_idle_share_of_the_sms_at_low_priority():
+    from bench import mps
+
+    assert mps.opportunistic_percent(0.39) == 61
+    assert mps.opportunistic_percent(0.0) == 100
+    assert mps.opportunistic_percent(0.97) == mps.MIN_PERCENT  # never starved to nothing
+    opp = mps.Client(mps.opportunistic_percent(0.39), below_normal=True).env()
+    assert opp == {"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": "61", "CUDA_MPS_CLIENT_PRIORITY": "1"}
+    assert mps.Client().env()["CUDA_MPS_CLIENT_PRIORITY"] == "0"
+    with pytest.raises(ValueError, match="1-100"):
+        mps.Client(0).env()
+
+
+def test_the_mps_baseline_says_why_it_cannot_run(tmp_path, monkeypatch):
+    from bench import mps
+
+    assert "simgpu" in mps.unavailable(real=False)
+    monkeypatch.setenv("PATH", str(tmp_path))
+    assert "nvidia-cuda-mps-control is not installed" in mps.unavailable(real=True)
+    # a client of the private daemon finds it by its own pipe directory, never the host's default
+    m = mps.Mps(tmp_path)
+    env = m.client(mps.Client(50, below_normal=True))
+    assert env["CUDA_MPS_PIPE_DIRECTORY"] == str(tmp_path / "mps-pipe")
+    assert env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == "50"

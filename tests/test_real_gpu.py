@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+import time
 
 import pytest
 
@@ -20,3 +21,29 @@ def test_workload_on_a_real_gpu(libshim):
     s = summary(proc.stdout)
     assert s.checksum_ok is True
     assert 70 <= s.iterations_per_s <= 105, f"10 x 1 ms kernels per iteration: {s.iterations_per_s:.1f}/s"
+
+
+def _mps_reason() -> str | None:
+    from bench.mps import unavailable
+
+    return real_gpu_reason() or unavailable(real=True)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(_mps_reason() is not None, reason=f"the MPS baseline: {_mps_reason()}")
+def test_the_mps_baseline_serves_a_limited_low_priority_client_and_goes_away(libshim, tmp_path):
+    from bench.mps import Client, Mps
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SIMGPU_") and k != "LD_LIBRARY_PATH"}
+    w = Workload(kernel_us=1000, kernels=10, seconds=3, param_mb=64, act_mb=64, verify=True)
+    with Mps(tmp_path) as m:
+        proc = subprocess.Popen(w.argv(libshim.workload), env={**env, **m.client(Client(50, below_normal=True))},
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        time.sleep(1.5)  # it runs 3 s: its server is up now
+        servers = m._command("get_server_list").stdout.split()
+        out, err = proc.communicate(timeout=120)
+        daemon = m.proc
+    assert proc.returncode == 0, err
+    assert summary(out).checksum_ok is True
+    assert servers, "the workload ran, but not through the private MPS server"
+    assert daemon.poll() is not None, "the MPS control daemon outlived the baseline"

@@ -46,6 +46,20 @@ class Job:
         self.stderr = self.proc.stderr.read() if self.proc.stderr else ""
         return rc
 
+    def finish(self, timeout: float) -> int | None:
+        """Waits for the job to end; one still running after `timeout` seconds is killed,
+        noted in `errors` (with how far it got) and gives None."""
+        try:
+            return self.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.kill()
+            self.wait(30)
+            last = [r for r in self.reports if not r.summary]
+            where = (f"its last report at {last[-1].elapsed_s:.1f} s, {last[-1].iterations} iterations"
+                     if last else "it never reported")
+            self.errors.append(f"still running {timeout:.0f} s after it was due to end, killed ({where})")
+            return None
+
     def kill(self) -> None:
         if self.proc.poll() is None:
             self.proc.kill()

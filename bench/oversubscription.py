@@ -47,11 +47,11 @@ def pair(lab: Lab, prod: Workload, opp: Workload, name: str, containers: tuple[d
     jobs = {"prod": p, "opp": o}
     out = {}
     for k, j in jobs.items():
-        rc = j.wait(prod.seconds + 120)
+        rc = j.finish(prod.seconds + 120)  # None: it hung, and was killed
         s = j.summary
         out[k] = {"rate": j.rate(*window) if j.reports else 0.0, "rc": rc,
                   "checksum_ok": None if s is None else s.checksum_ok,
-                  "error": (j.errors or [""])[-1][:300]}
+                  "error": (j.errors or [""])[-1][:300], "stderr": j.stderr[-600:]}
     after = lab.snapshot()  # simgpu's accounting: none on a real GPU
     if after is not None:
         ctx = sim.contexts(after)
@@ -78,9 +78,10 @@ def run(echo: Echo = print, quick: bool = False, json_path: Path | None = None) 
         echo(f"oversubscription on {gpu}: exclusive runs")
         for k, w in (("prod", prod), ("opp", opp)):
             j = lab.run(w, f"excl-{k}")
-            j.wait(seconds + 120)
-            res.setdefault("exclusive", {})[k] = {"rate": j.rate(*window), "rc": j.proc.returncode,
-                                                  "checksum_ok": j.summary.checksum_ok if j.summary else None}
+            rc = j.finish(seconds + 120)
+            res.setdefault("exclusive", {})[k] = {"rate": j.rate(*window), "rc": rc,
+                                                  "checksum_ok": j.summary.checksum_ok if j.summary else None,
+                                                  "error": (j.errors or [""])[-1][:300]}
         echo(f"  exclusive: production {res['exclusive']['prod']['rate']:.1f} it/s, "
              f"opportunistic {res['exclusive']['opp']['rate']:.1f} it/s")
         if not real:
@@ -104,7 +105,7 @@ def run(echo: Echo = print, quick: bool = False, json_path: Path | None = None) 
              "pages_moved": {k: (r[k].get("pages_in") or 0) + (r[k].get("pages_out") or 0) for k in ("prod", "opp")}}
         summary[name] = s
         rows.append([name, f"{s['production_ratio']:.3f}", f"{s['opportunistic_ratio']:.3f}",
-                     ", ".join(s["failed"]) or "none", str(s["pages_moved"]["prod"]), str(s["pages_moved"]["opp"])])
+                     ", ".join(k + (" (hung)" if r[k]["rc"] is None else "") for k in s["failed"]) or "none", str(s["pages_moved"]["prod"]), str(s["pages_moved"]["opp"])])
     if "co-execution" in summary and summary["co-execution"]["opportunistic_ratio"] > 0:
         summary["TGS"]["opportunistic_vs_co_execution"] = round(
             summary["TGS"]["opportunistic_ratio"] / summary["co-execution"]["opportunistic_ratio"], 1)
@@ -118,7 +119,10 @@ def run(echo: Echo = print, quick: bool = False, json_path: Path | None = None) 
           + table(["setting", "production / exclusive", "opportunistic / exclusive", "failed",
                    "production pages moved", "opportunistic pages moved"], rows)
           + ("" if vs is None else f"\n\nTGS opportunistic throughput: {vs}x co-execution's.")
-          + "\n\nFailed: non-zero exit or a checksum mismatch (--verify). Pages: 2 MiB, both directions "
+          + "".join(f"\n\n{name}, {k} failed: {r[k]['error'] or 'rc ' + str(r[k]['rc'])}" for name, r in res.items()
+                    if name != "exclusive" for k in ("prod", "opp") if failed(r[k]))
+          + "\n\nFailed: non-zero exit, a checksum mismatch (--verify), or hung (killed 120 s after it was due to "
+          "end). Pages: 2 MiB, both directions "
           "(simgpu's accounting; '0' on a real GPU, where they are not counted). "
           "Targets: production >= 0.95, opportunistic >= 10x co-execution's.")
     Outputs("oversubscription", json_path).write(result, md, echo)

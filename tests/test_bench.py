@@ -144,3 +144,14 @@ def test_the_mps_baseline_says_why_it_cannot_run(tmp_path, monkeypatch):
     env = m.client(mps.Client(50, below_normal=True))
     assert env["CUDA_MPS_PIPE_DIRECTORY"] == str(tmp_path / "mps-pipe")
     assert env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == "50"
+
+
+def test_a_job_that_hangs_is_killed_and_says_how_far_it_got():
+    from bench.lab import Lab
+
+    with Lab(memory="1G") as lab:
+        job = lab.run(["sleep", "60"], "hangs")
+        assert job.finish(0.5) is None
+        assert job.proc.poll() is not None, "the hung job was left running"
+        assert "killed (it never reported)" in job.errors[-1]
+        assert lab.run(["true"], "ends").finish(30) == 0

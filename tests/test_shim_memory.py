@@ -140,3 +140,24 @@ def test_eviction_and_restore_orders_move_pages_and_keep_data(simgpu, container,
     assert p.summary().checksum_ok is True
     ctr = counters(c)
     assert ctr["evicted_bytes"] == ctr["restored_bytes"] == 300 * MB + big.size - 64 * MB
+
+
+def test_cuda_ipc_on_converted_memory_fails_as_the_driver_says_and_the_shim_says_why(simgpu, container, libshim,
+                                                                                      c_programs):
+    exe = c_programs("shim_checks.c", link_cuda=True)
+
+    def ipc(c) -> tuple[dict, str]:
+        proc = subprocess.run([str(exe), "ipc"], env=simgpu.env("ipc", c.env(libshim.shim)), capture_output=True,
+                              text=True, timeout=60)
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        return json.loads(proc.stdout.strip().splitlines()[-1]), proc.stderr
+
+    out, err = ipc(container(proto.Class.OPPORTUNISTIC))
+    assert out == {"first": "CUDA_ERROR_INVALID_VALUE", "second": "CUDA_ERROR_INVALID_VALUE"}, "the driver's answer"
+    assert err.count("cuIpcGetMemHandle failed") == 1, f"said once per process: {err}"
+    assert "cannot run as opportunistic" in err and "convert_production = false" in err
+    out, err = ipc(container(proto.Class.PRODUCTION))
+    assert out["first"] == "CUDA_ERROR_INVALID_VALUE" and "convert_production = false" in err
+    out, err = ipc(container(proto.Class.PRODUCTION, convert=False))
+    assert out == {"first": "CUDA_SUCCESS", "second": "CUDA_SUCCESS"}, "plain device memory exports"
+    assert "cuIpcGetMemHandle" not in err

@@ -5,6 +5,7 @@
 
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 SIM_HIDDEN CUresult mem_alloc_host(struct sim_context *c, size_t size, void **out);
 SIM_HIDDEN CUresult mem_free_host(void *p);
@@ -607,4 +608,29 @@ SIM_API CUresult CUDAAPI cuMemSetAccess(CUdeviceptr ptr, size_t size, const CUme
     if (!desc || !count)
         return CUDA_ERROR_INVALID_VALUE;
     return mem_vmm_set_access(ptr, size);
+}
+
+/* ---------- CUDA IPC ---------- */
+
+/* A handle for device memory (the driver's legacy IPC); managed memory, and anything else
+ * the driver would not export, fails with CUDA_ERROR_INVALID_VALUE as on the driver.
+ * Opening a handle is not simulated (its stub says so): simgpu's device memory is the
+ * allocating process's own bytes. */
+SIM_API CUresult CUDAAPI cuIpcGetMemHandle(CUipcMemHandle *pHandle, CUdeviceptr dptr) {
+    CUresult r = drv_check();
+    if (r)
+        return r;
+    unsigned capable = 0;
+    CUdeviceptr base = 0;
+    if (!pHandle || mem_pointer_attr(&capable, CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE, dptr) != CUDA_SUCCESS ||
+        !capable || mem_pointer_attr(&base, CU_POINTER_ATTRIBUTE_RANGE_START_ADDR, dptr) != CUDA_SUCCESS)
+        return CUDA_ERROR_INVALID_VALUE;
+    struct {
+        char magic[8];
+        uint64_t pid, base;
+    } h = {"simgpu", (uint64_t)getpid(), (uint64_t)base};
+    _Static_assert(sizeof h <= sizeof pHandle->reserved, "the handle fits");
+    memset(pHandle, 0, sizeof *pHandle);
+    memcpy(pHandle->reserved, &h, sizeof h);
+    return CUDA_SUCCESS;
 }

@@ -27,7 +27,7 @@
     X(cuMemAllocAsync) X(cuMemAllocAsync_ptsz) X(cuMemAllocFromPoolAsync)                    \
     X(cuMemAllocFromPoolAsync_ptsz) X(cuMemFreeAsync) X(cuMemFreeAsync_ptsz)                 \
     X(cuMemCreate) X(cuMemRelease) X(cuMemGetInfo_v2) X(cuDeviceTotalMem_v2)                 \
-    X(cuPointerGetAttribute) X(cuPointerGetAttributes)
+    X(cuPointerGetAttribute) X(cuPointerGetAttributes) X(cuIpcGetMemHandle)
 
 /* Driver entry points the shim calls itself but does not intercept. */
 #define TGS_NEEDS(X)                                                                         \

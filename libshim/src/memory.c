@@ -9,7 +9,8 @@
  * its quota gets CUDA_ERROR_OUT_OF_MEMORY. Memory queries report the container's view.
  * tgsd's eviction and restore orders run here, on the agent thread, on a stream of its
  * own. Pointer queries are passed through: they are truthful as they are (converted
- * memory is managed memory and says so). */
+ * memory is managed memory and says so). So is cuIpcGetMemHandle, which fails on converted
+ * memory: the shim then says why. */
 #define _GNU_SOURCE
 #include "tgs.h"
 
@@ -354,6 +355,33 @@ TGS_API CUresult CUDAAPI cuMemRelease(CUmemGenericAllocationHandle handle) {
     if (g_tgs.daemon)
         untrack((uint64_t)handle, 1);
     return real_cuMemRelease(handle);
+}
+
+/* ---------- CUDA IPC: passed through, explained where TGS is why it fails ---------- */
+
+/* Legacy CUDA IPC cannot share managed memory. Where the memory is a device allocation
+ * the shim turned into managed memory, the driver's error stands (the call is not
+ * changed), and the shim says once per process why, and what to do. */
+TGS_API CUresult CUDAAPI cuIpcGetMemHandle(CUipcMemHandle *pHandle, CUdeviceptr dptr) {
+    CUresult r = REAL(cuIpcGetMemHandle)(pHandle, dptr);
+    static int said;
+    struct range rg;
+    if (r != CUDA_SUCCESS && g_tgs.daemon && find_holding(dptr, 1, &rg) && rg.kind == TGS_MEM_MANAGED &&
+        !__atomic_exchange_n(&said, 1, __ATOMIC_RELAXED)) {
+        if (g_tgs.cls == TGS_CLASS_PRODUCTION)
+            tgs_log(TGS_LOG_WARN,
+                    "cuIpcGetMemHandle failed: TGS made this device allocation managed memory, which CUDA IPC "
+                    "cannot share. For production jobs that share GPU memory between processes, set "
+                    "convert_production = false in the [memory] section of tgsd's config (/etc/tgs/config.toml), "
+                    "restart tgsd and start the container again");
+        else
+            tgs_log(TGS_LOG_WARN,
+                    "cuIpcGetMemHandle failed: an opportunistic container's GPU memory is managed memory (so that "
+                    "tgsd can move it to the host), which CUDA IPC cannot share. A job that shares GPU memory "
+                    "between processes cannot run as opportunistic: run it as production, with convert_production "
+                    "= false in the [memory] section of tgsd's config (/etc/tgs/config.toml)");
+    }
+    return r;
 }
 
 /* ---------- what memory queries report ---------- */

@@ -9,6 +9,7 @@
  *   shim_checks threads T S        T threads launching 1 ms kernels for S seconds; print kernels/s
  *   shim_checks fork               fork while another thread launches; both sides go on
  *   shim_checks hold MB S          allocate MB with cuMemAlloc, print the pointer, sleep S seconds
+ *   shim_checks ipc                cuIpcGetMemHandle twice on cuMemAlloc memory; print both results
  *   shim_checks contexts N         N rounds of kernels in each of two contexts of GPU 0, then the
  *                                  same after destroying and making them again; print the heap
  *                                  bytes (mallinfo2) the rounds left in use
@@ -102,6 +103,16 @@ static void check_convert(void) {
     OK(cuMemFree(pp));
     printf("{\"managed\": %u, \"memory_type\": %u, \"pitch\": %zu, \"async_managed\": %u}\n", managed, type, pitch,
            amanaged);
+    OK(cuMemFree(p));
+}
+
+static void check_ipc(void) {
+    setup();
+    CUdeviceptr p;
+    OK(cuMemAlloc(&p, 4 << 20));
+    CUipcMemHandle h;
+    CUresult first = cuIpcGetMemHandle(&h, p + 4096), second = cuIpcGetMemHandle(&h, p);
+    printf("{\"first\": \"%s\", \"second\": \"%s\"}\n", ename(first), ename(second));
     OK(cuMemFree(p));
 }
 
@@ -294,6 +305,7 @@ int main(int argc, char **argv) {
     else if (!strcmp(c, "fork")) check_fork();
     else if (!strcmp(c, "hold")) check_hold(a, b);
     else if (!strcmp(c, "contexts")) check_contexts(a);
+    else if (!strcmp(c, "ipc")) check_ipc();
     else return 2;
     return 0;
 }

@@ -100,8 +100,19 @@ def run(echo: Echo = print, quick: bool = False, json_path: Path | None = None) 
         time.sleep(0 if quick else 5)  # let the controller profile production first
         res["fast"] = window(jobs, seconds)
         echo(f"  TGS fast: {res['fast']}")
+    result, md = report(res, duty, gap_ms, quick)
+    Outputs("pytorch", json_path).write(result, md, echo)
+    return result
+
+
+SETTINGS = ("co-execution", "mps", "fast")
+
+
+def report(res: dict, duty: float, gap_ms: float, quick: bool) -> tuple[dict, str]:
+    """The result and its Markdown table from the measured rates: a row per setting that
+    ran; where the MPS baseline did not, the text says why."""
     rows, summary = [], {}
-    for name in [n for n in ("co-execution", "mps", "fast") if n in res]:
+    for name in [n for n in SETTINGS if n in res]:
         p = res[name]["prod"] / res["excl_prod"]
         o = res[name]["opp"] / res["excl_opp"]
         idle = o / (1 - duty) if duty < 1 else float("nan")
@@ -117,9 +128,8 @@ def run(echo: Echo = print, quick: bool = False, json_path: Path | None = None) 
           + table(["setting", "production / exclusive", "opportunistic / exclusive", "share of idle time"], rows)
           + f"\n\nExclusive: ResNet-50 {res['excl_prod']:.2f} it/s (batch 64), GPT-2-small-sized "
           f"{res['excl_opp']:.2f} it/s (batch 8 x 512 tokens). "
-          + (f"MPS baseline not run: {res['mps_not_run']}." if res["mps_not_run"] else
+          + (f"MPS baseline not run: {res['mps_not_run']}." if res.get("mps_not_run") else
              "MPS: production at normal priority with every SM, opportunistic at below-normal priority "
              "(CUDA_MPS_CLIENT_PRIORITY=1) on the idle share of the SMs (CUDA_MPS_ACTIVE_THREAD_PERCENTAGE), "
              "neither with libtgs.so."))
-    Outputs("pytorch", json_path).write(result, md, echo)
-    return result
+    return result, md

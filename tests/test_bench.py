@@ -155,3 +155,19 @@ def test_a_job_that_hangs_is_killed_and_says_how_far_it_got():
         assert job.proc.poll() is not None, "the hung job was left running"
         assert "killed (it never reported)" in job.errors[-1]
         assert lab.run(["true"], "ends").finish(30) == 0
+
+
+def test_the_pytorch_table_has_the_mps_row_when_it_ran_and_says_why_when_not():
+    from bench.pytorch import report
+
+    res = {"excl_prod": 15.0, "excl_opp": 25.0, "co-execution": {"prod": 12.0, "opp": 20.0},
+           "fast": {"prod": 14.7, "opp": 10.0}, "mps_percent": 61, "mps_not_run": None,
+           "mps": {"prod": 13.5, "opp": 12.5}}
+    result, md = report(res, duty=0.4, gap_ms=40, quick=True)
+    assert result["summary"]["mps"] == {"production_ratio": 0.9, "opportunistic_ratio": 0.5, "idle_share": 0.833}
+    assert "| MPS, opportunistic on 61 % of the SMs | 0.900" in md and "CUDA_MPS_CLIENT_PRIORITY=1" in md
+    del res["mps"]
+    res["mps_not_run"] = "nvidia-cuda-mps-control is not installed"
+    result, md = report(res, duty=0.4, gap_ms=40, quick=True)
+    assert list(result["summary"]) == ["co-execution", "fast"]
+    assert "MPS baseline not run: nvidia-cuda-mps-control is not installed." in md

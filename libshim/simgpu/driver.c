@@ -311,6 +311,7 @@ static CUresult ctx_new(CUdevice ord, unsigned flags, int primary, struct sim_co
     c->limits[CU_LIMIT_STACK_SIZE] = 1024;
     c->limits[CU_LIMIT_PRINTF_FIFO_SIZE] = 1 << 20;
     c->limits[CU_LIMIT_MALLOC_HEAP_SIZE] = 8 << 20;
+    pthread_mutex_init(&c->ev_lock, NULL);
     r = ctx_slot_alloc(c);
     if (r) {
         free(c);
@@ -320,8 +321,11 @@ static CUresult ctx_new(CUdevice ord, unsigned flags, int primary, struct sim_co
     return CUDA_SUCCESS;
 }
 
+static void events_settle_all(struct sim_context *c);
+
 static void ctx_end(struct sim_context *c) {
     drv_wait_context(c);
+    events_settle_all(c);
     mem_release_context(c);
     struct sim_device *d = drv_device(c);
     sim_lock_device(d);
@@ -678,11 +682,15 @@ CUresult drv_stream(CUstream s, struct sim_stream **out) {
     return CUDA_SUCCESS;
 }
 
+static void events_item_gone(struct sim_context *c, uint64_t seq, uint64_t end_ns);
+
 CUresult drv_submit(struct sim_context *c, struct sim_stream *s, int64_t ns, uint32_t blocks) {
-    uint64_t head;
-    CUresult r = eng_submit(drv_device(c), c->slot, c->gen, ns, blocks, &head);
+    uint64_t head, gone_seq, gone_end = 0;
+    CUresult r = eng_submit(drv_device(c), c->slot, c->gen, ns, blocks, &head, &gone_seq, &gone_end);
     if (r == CUDA_SUCCESS)
         s->last_head = head;
+    if (gone_seq != UINT64_MAX)
+        events_item_gone(c, gone_seq, gone_end);
     return r;
 }
 
@@ -816,6 +824,63 @@ SIM_API CUresult CUDAAPI cuStreamGetCtx_ptsz(CUstream hStream, CUcontext *pctx) 
 
 /* ---------- events ---------- */
 
+/* An event recorded behind queued work takes its time from the queue item before it, when
+ * first asked. The context's queue is a ring: an item is overwritten once SIM_QCAP more
+ * kernels were queued after it, and an event asked after that had no time left but "now"
+ * (one of 20 us kernels timed 134 ms). So each such event waits on its item in
+ * ctx->waiting until its time is known, and the launch that overwrites the item gives it
+ * the item's end: a GPU stamps an event when it completes, however late it is read. */
+static void event_unwait(struct sim_event *e) { /* e->ctx->ev_lock held */
+    struct sim_event **p = &e->ctx->waiting[(e->head - 1) % SIM_QCAP];
+    while (*p && *p != e)
+        p = &(*p)->next_waiting;
+    if (*p)
+        *p = e->next_waiting;
+    e->next_waiting = NULL;
+    e->waiting = 0;
+}
+
+static void events_item_gone(struct sim_context *c, uint64_t seq, uint64_t end_ns) {
+    struct sim_event **slot = &c->waiting[seq % SIM_QCAP];
+    if (!__atomic_load_n(slot, __ATOMIC_RELAXED)) /* no event ever waits on an item this old */
+        return;
+    pthread_mutex_lock(&c->ev_lock);
+    for (struct sim_event **p = slot; *p;) {
+        struct sim_event *e = *p;
+        if (e->head - 1 != seq) {
+            p = &e->next_waiting;
+            continue;
+        }
+        if (!e->time_ns)
+            e->time_ns = end_ns;
+        *p = e->next_waiting;
+        e->next_waiting = NULL;
+        e->waiting = 0;
+    }
+    pthread_mutex_unlock(&c->ev_lock);
+}
+
+/* The context ends: its waiting events take their times now (its work is done). */
+static void events_settle_all(struct sim_context *c) {
+    struct sim_device *d = drv_device(c);
+    pthread_mutex_lock(&c->ev_lock);
+    sim_lock_device(d);
+    for (unsigned i = 0; i < SIM_QCAP; i++) {
+        while (c->waiting[i]) {
+            struct sim_event *e = c->waiting[i];
+            if (!e->time_ns) {
+                uint64_t t = eng_end_time(d, c->slot, e->head);
+                e->time_ns = t ? t : d->sim_ns;
+            }
+            c->waiting[i] = e->next_waiting;
+            e->next_waiting = NULL;
+            e->waiting = 0;
+        }
+    }
+    sim_unlock_device(d);
+    pthread_mutex_unlock(&c->ev_lock);
+}
+
 SIM_API CUresult CUDAAPI cuEventCreate(CUevent *phEvent, unsigned int Flags) {
     struct sim_context *c;
     CUresult r = drv_current(&c);
@@ -843,6 +908,12 @@ SIM_API CUresult CUDAAPI cuEventDestroy_v2(CUevent hEvent) {
     struct sim_event *e = event_of(hEvent);
     if (!e)
         return CUDA_ERROR_INVALID_HANDLE;
+    if (e->recorded && e->waiting) {
+        pthread_mutex_lock(&e->ctx->ev_lock);
+        if (e->waiting)
+            event_unwait(e);
+        pthread_mutex_unlock(&e->ctx->ev_lock);
+    }
     e->magic = OBJ_DEAD;
     free(e);
     return CUDA_SUCCESS;
@@ -860,7 +931,14 @@ static CUresult event_record(CUevent hEvent, CUstream hStream) {
     if (s->capture)
         return CUDA_SUCCESS; /* an event-record node: nothing to time in a simulated graph */
     struct sim_context *c = s->ctx;
+    if (e->recorded && e->waiting) { /* recorded again: it waits on its new place only */
+        pthread_mutex_lock(&e->ctx->ev_lock);
+        if (e->waiting)
+            event_unwait(e);
+        pthread_mutex_unlock(&e->ctx->ev_lock);
+    }
     struct sim_device *d = drv_device(c);
+    pthread_mutex_lock(&c->ev_lock);
     sim_lock_device(d);
     uint64_t now = sim_now();
     eng_advance(d, now);
@@ -870,6 +948,13 @@ static CUresult event_record(CUevent hEvent, CUstream hStream) {
     e->time_ns = x->head >= x->tail ? now : 0;
     e->recorded = 1;
     sim_unlock_device(d);
+    if (!e->time_ns) {
+        struct sim_event **p = &c->waiting[(e->head - 1) % SIM_QCAP];
+        e->next_waiting = *p;
+        e->waiting = 1;
+        __atomic_store_n(p, e, __ATOMIC_RELAXED);
+    }
+    pthread_mutex_unlock(&c->ev_lock);
     return CUDA_SUCCESS;
 }
 SIM_API CUresult CUDAAPI cuEventRecord(CUevent hEvent, CUstream hStream) { return event_record(hEvent, hStream); }
@@ -884,13 +969,19 @@ SIM_API CUresult CUDAAPI cuEventRecordWithFlags_ptsz(CUevent hEvent, CUstream hS
 }
 
 static void event_settle_time(struct sim_event *e) {
-    if (e->time_ns)
+    if (e->time_ns && !e->waiting) /* known: nothing to do (the query path's common case) */
         return;
-    struct sim_device *d = drv_device(e->ctx);
-    sim_lock_device(d);
-    uint64_t t = eng_end_time(d, e->ctx->slot, e->head);
-    e->time_ns = t ? t : d->sim_ns;
-    sim_unlock_device(d);
+    pthread_mutex_lock(&e->ctx->ev_lock);
+    if (!e->time_ns) {
+        struct sim_device *d = drv_device(e->ctx);
+        sim_lock_device(d);
+        uint64_t t = eng_end_time(d, e->ctx->slot, e->head);
+        e->time_ns = t ? t : d->sim_ns;
+        sim_unlock_device(d);
+    }
+    if (e->waiting)
+        event_unwait(e);
+    pthread_mutex_unlock(&e->ctx->ev_lock);
 }
 
 SIM_API CUresult CUDAAPI cuEventQuery(CUevent hEvent) {

@@ -39,6 +39,8 @@ struct sim_context {
     struct sim_stream null_stream;
     uint64_t limits[16];
     struct sim_context *next;
+    pthread_mutex_t ev_lock;                 /* guards waiting and the events in it */
+    struct sim_event *waiting[SIM_QCAP];     /* events waiting on a queue item's end, by its slot */
 };
 
 struct sim_event {
@@ -48,6 +50,8 @@ struct sim_event {
     int recorded;
     uint64_t head;    /* complete once the context's queue head reaches this */
     uint64_t time_ns; /* completion time once known, else 0 */
+    int waiting;      /* in ctx->waiting until time_ns is known */
+    struct sim_event *next_waiting;
 };
 
 enum kernel_kind { K_OTHER = 0, K_SPIN, K_STEP };

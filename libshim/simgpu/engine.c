@@ -175,7 +175,8 @@ static int still_mine(struct sim_device *d, uint32_t slot, uint32_t gen) {
 }
 
 CUresult eng_submit(struct sim_device *d, uint32_t slot, uint32_t gen, int64_t dur_ns, uint32_t blocks,
-                    uint64_t *done_head) {
+                    uint64_t *done_head, uint64_t *gone_seq, uint64_t *gone_end_ns) {
+    *gone_seq = UINT64_MAX;
     for (;;) {
         sim_lock_device(d);
         uint64_t now = sim_now();
@@ -187,6 +188,10 @@ CUresult eng_submit(struct sim_device *d, uint32_t slot, uint32_t gen, int64_t d
         }
         if (c->tail - c->head < SIM_QCAP) {
             struct sim_item *it = &c->q[c->tail % SIM_QCAP];
+            if (c->tail >= SIM_QCAP && it->seq == c->tail - SIM_QCAP) { /* done: its end time goes now */
+                *gone_seq = it->seq;
+                *gone_end_ns = it->end_ns;
+            }
             it->seq = c->tail;
             it->remaining_ns = dur_ns > 0 ? dur_ns : 0;
             it->end_ns = 0;

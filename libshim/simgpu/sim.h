@@ -184,7 +184,7 @@ SIM_HIDDEN void eng_advance(struct sim_device *d, uint64_t now);
 SIM_HIDDEN uint64_t eng_predict(struct sim_device *d, uint32_t slot, uint64_t head);
 /* Both take the device lock themselves. */
 SIM_HIDDEN CUresult eng_submit(struct sim_device *d, uint32_t slot, uint32_t gen, int64_t dur_ns,
-                               uint32_t blocks, uint64_t *done_head);
+                               uint32_t blocks, uint64_t *done_head, uint64_t *gone_seq, uint64_t *gone_end_ns);
 SIM_HIDDEN void eng_wait(struct sim_device *d, uint32_t slot, uint32_t gen, uint64_t head);
 SIM_HIDDEN int eng_done(struct sim_device *d, uint32_t slot, uint32_t gen, uint64_t head);
 SIM_HIDDEN uint64_t eng_end_time(struct sim_device *d, uint32_t slot, uint64_t head);

@@ -276,8 +276,33 @@ static void check_events(void) {
     OK(cuEventCreate(&nt, CU_EVENT_DISABLE_TIMING));
     OK(cuEventRecord(nt, NULL));
     EXPECT(cuEventElapsedTime(&ms, a, nt), CUDA_ERROR_INVALID_HANDLE);
+    /* Read late: events around a 2 ms kernel queued behind another, read only after 3,000
+     * more kernels went through the context's queue (a ring of 1,024): still 2 ms. One is
+     * destroyed and one recorded again while they wait for their times. */
+    CUevent c, d, gone;
+    OK(cuEventCreate(&c, 0));
+    OK(cuEventCreate(&d, 0));
+    OK(cuEventCreate(&gone, 0));
+    spin(f, NULL, 1000000);
+    OK(cuEventRecord(c, NULL));
+    OK(cuEventRecord(gone, NULL));
+    spin(f, NULL, 2000000);
+    OK(cuEventRecord(d, NULL));
+    OK(cuEventDestroy(gone)); /* destroyed while it waits for its time */
+    OK(cuEventRecord(b, NULL));
+    OK(cuEventRecord(a, NULL));
+    for (int i = 0; i < 3000; i++) /* queued faster than they run: no gap between them */
+        spin(f, NULL, i == 0 ? 3000000 : 10000);
+    OK(cuEventRecord(b, NULL));
+    OK(cuCtxSynchronize());
+    OK(cuEventElapsedTime(&ms, c, d));
+    ASSERT(ms > 1.99f && ms < 2.01f, "a 2 ms kernel read after 3,000 more kernels took %.3f ms", ms);
+    OK(cuEventElapsedTime(&ms, a, b));
+    ASSERT(ms > 32.9f && ms < 33.1f, "a 3 ms kernel and 2,999 of 10 us took %.3f ms", ms);
     OK(cuEventDestroy(a));
     OK(cuEventDestroy(b));
+    OK(cuEventDestroy(c));
+    OK(cuEventDestroy(d));
 }
 
 static void check_streams(void) {

@@ -27,6 +27,7 @@ class Workload:
     iterations: int | None = None  # a job of fixed work: stop after this many
     long_kernels: int = 0           # the last this many kernels of each iteration run long_us
     long_us: float | None = None
+    shapes: int = 1                 # the other kernels take this many grid sizes in turn
 
     @property
     def duty(self) -> float:
@@ -67,6 +68,8 @@ class Workload:
             out += ["--long-kernels", str(self.long_kernels)]
         if self.long_us is not None:
             out += ["--long-us", f"{self.long_us:g}"]
+        if self.shapes != 1:
+            out += ["--shapes", str(self.shapes)]
         return out
 
     def argv(self, binary: Path | None = None) -> list[str]:

@@ -57,7 +57,8 @@ static struct {
     long iterations; /* stop after this many (0: run for --seconds) */
     long long_kernels; /* the last this many kernels of each iteration run long_us */
     double long_us;    /* -1: --kernel-us */
-} opt = {1000, 0, 10, 1, -1, 10, 16, 16, 0, 0, 0, 0, 0, 0, -1};
+    long shapes;       /* the other kernels take this many grid sizes in turn */
+} opt = {1000, 0, 10, 1, -1, 10, 16, 16, 0, 0, 0, 0, 0, 0, -1, 1};
 
 static double now_s(void) {
     struct timespec ts;
@@ -140,8 +141,10 @@ static void usage(FILE *f) {
             "  --kernel-us US   duration of each kernel (default 1000)\n"
             "  --kernels K      kernels per iteration (default 10)\n"
             "  --long-kernels N the last N of them run --long-us instead, one after another, on twice\n"
-            "                   the grid (other kernels, as a backward pass's matmuls; default 0)\n"
+            "                   the others' largest grid (as a backward pass's matmuls; default 0)\n"
             "  --long-us US     duration of those (default: --kernel-us)\n"
+            "  --shapes N       the other kernels run on SMs + 0 .. N-1 blocks in turn: N different kernels\n"
+            "                   to whoever tells kernels apart by their grid (default 1)\n"
             "  --gap-us US      CPU time between iterations (default 0: GPU-bound)\n"
             "  --seconds S      how long to run (default 10)\n"
             "  --iterations N   stop after N iterations instead (a job of fixed work; --seconds still caps it)\n"
@@ -173,7 +176,7 @@ static void parse(int argc, char **argv) {
         {"param-mb", 1, 0, 'p'},  {"act-mb", 1, 0, 'a'},  {"device", 1, 0, 'd'},   {"report-s", 1, 0, 'r'},
         {"warmup-s", 1, 0, 'w'},  {"verify", 0, 0, 'v'},  {"managed", 0, 0, 'm'},  {"json", 0, 0, 'j'},
         {"print-ptx", 0, 0, 'P'}, {"help", 0, 0, 'h'},    {"iterations", 1, 0, 'n'}, {"long-kernels", 1, 0, 'L'},
-        {"long-us", 1, 0, 'U'},   {0, 0, 0, 0}};
+        {"long-us", 1, 0, 'U'},   {"shapes", 1, 0, 'S'},    {0, 0, 0, 0}};
     int c;
     while ((c = getopt_long(argc, argv, "h", longs, NULL)) != -1) {
         switch (c) {
@@ -189,6 +192,7 @@ static void parse(int argc, char **argv) {
         case 'n': opt.iterations = (long)parse_num("--iterations", optarg, 1, 1e12); break;
         case 'L': opt.long_kernels = (long)parse_num("--long-kernels", optarg, 0, 100000); break;
         case 'U': opt.long_us = parse_num("--long-us", optarg, 0, 60e6); break;
+        case 'S': opt.shapes = (long)parse_num("--shapes", optarg, 1, 100000); break;
         case 'v': opt.verify = 1; break;
         case 'm': opt.managed = 1; break;
         case 'j': opt.json = 1; break;
@@ -354,8 +358,10 @@ int main(int argc, char **argv) {
             int is_long = k + (size_t)opt.long_kernels >= K;
             unsigned long long ns = is_long ? long_ns : short_ns;
             void *args[] = {&ns, &a, &ab, &b, &bb, &stride, &delta};
-            CHECK(cu.LaunchKernel(step, (unsigned)sms * (is_long ? 2 : 1), 1, 1, 128, 1, 1, 0, NULL, args, NULL),
-                  "cuLaunchKernel");
+            /* the others' grids are SMs + 0 .. shapes-1 blocks; the long ones', twice the largest */
+            unsigned widest = (unsigned)sms + (unsigned)opt.shapes - 1;
+            unsigned blocks = is_long ? 2 * widest : (unsigned)sms + (unsigned)((kernels + k) % (uint64_t)opt.shapes);
+            CHECK(cu.LaunchKernel(step, blocks, 1, 1, 128, 1, 1, 0, NULL, args, NULL), "cuLaunchKernel");
         }
         CHECK(cu.CtxSynchronize(), "cuCtxSynchronize");
         it++;

@@ -150,9 +150,12 @@ static int event_serves(CUevent *e, CUcontext made_in, unsigned made_gen, CUcont
 /* ---------- opportunistic: each kernel's length ---------- */
 
 /* Each kernel's length, remembered by what was launched (a function or a graph) and its
- * grid's size, from the launches timed (the timer, below, fills it in). Only the thread that owns the timer inserts or
- * updates (one at a time), storing the key before the length; a reader that finds the
- * key without a length takes the kernel as not timed yet. A full table remembers no more. */
+ * grid's size, from the launches timed (the timer, below, fills it in); and under the
+ * grid size TGS_FN_BLOCKS, the longest each function (or graph) has run lately, whatever
+ * its grid. Only the thread that owns the timer inserts or updates (one at a time),
+ * storing the key before the length; a reader that finds the key without a length takes
+ * the kernel as not timed yet. A full table remembers no more. */
+#define TGS_FN_BLOCKS UINT64_MAX /* no grid has this many blocks */
 static struct tgs_kernel_length g_kernel_lengths[TGS_MAX_GPUS][TGS_KERNEL_KEYS]; /* by GPU slot (in bss) */
 
 static struct tgs_kernel_length *kernel_slot(struct tgs_gpu *g, uintptr_t fn, uint64_t blocks, int insert) {
@@ -196,8 +199,12 @@ static uint64_t kernel_expected(const struct tgs_gpu *g, const struct tgs_kernel
  * of solo at 50 % duty against 0.992 counting kernels). Costed kernel by kernel, with the
  * long ones on another grid: 0.980 (0.994 counting kernels), and 0.805 of the idle time
  * to the job against 0.46. */
-static uint64_t kernel_cost(const struct tgs_kernel_length *k) {
+static uint64_t kernel_cost(struct tgs_gpu *g, const struct tgs_kernel_length *k, uintptr_t fn) {
     uint64_t ns = k ? __atomic_load_n(&k->ns, __ATOMIC_ACQUIRE) : 0;
+    if (!ns) { /* not timed on this grid: as long as its function has run lately */
+        const struct tgs_kernel_length *f = kernel_slot(g, fn, TGS_FN_BLOCKS, 0);
+        ns = f ? __atomic_load_n(&f->ns, __ATOMIC_ACQUIRE) : 0;
+    }
     return ns && ns < TGS_INFLIGHT_QUANTUM_NS ? ns : TGS_INFLIGHT_QUANTUM_NS;
 }
 
@@ -327,6 +334,7 @@ __attribute__((noinline)) static int timer_start_now(struct tgs_gpu *g, CUstream
     g->timed_blocks = blocks;
     __atomic_store_n(&g->untimed, 0, __ATOMIC_RELAXED);
     g->time_by_ns = now + TGS_TIME_GAP_NS;
+    g->timer_read_by_ns = now + TGS_TIMER_READ_NS;
     uint32_t x = g->timer_rng ? g->timer_rng : (uint32_t)now | 1u; /* xorshift32 */
     x ^= x << 13;
     x ^= x >> 17;
@@ -360,14 +368,16 @@ __attribute__((noinline)) static int timer_start_now(struct tgs_gpu *g, CUstream
 }
 
 /* Whether this launch is the one to time (the count needs no atomicity: a lost increment
- * only times a launch later). */
-static inline int timer_start(struct tgs_gpu *g, CUstream s, uint64_t now, uintptr_t fn, uint64_t blocks) {
+ * only times a launch later). A kernel timed fewer than twice (`new_kernel`) is timed
+ * whenever the timer is free. */
+static inline int timer_start(struct tgs_gpu *g, CUstream s, uint64_t now, uintptr_t fn, uint64_t blocks,
+                              int new_kernel) {
     if (__atomic_load_n(&g->timing, __ATOMIC_RELAXED) != TGS_TIMER_IDLE)
         return 0;
     unsigned n = __atomic_load_n(&g->untimed, __ATOMIC_RELAXED) + 1;
     __atomic_store_n(&g->untimed, n, __ATOMIC_RELAXED);
     unsigned after = __atomic_load_n(&g->time_after, __ATOMIC_RELAXED);
-    if (n < after && g->ntimed >= TGS_TIMED) {
+    if (n < after && g->ntimed >= TGS_TIMED && !new_kernel) {
         if (now < g->time_by_ns)
             return 0;
         g->time_by_ns = UINT64_MAX; /* until the one timed soon sets it again */
@@ -381,15 +391,48 @@ static inline int timer_start(struct tgs_gpu *g, CUstream s, uint64_t now, uintp
 
 __attribute__((noinline)) static void timer_stop(struct tgs_gpu *g, CUstream s, int launched) {
     int ok = launched && REAL(cuEventRecord)(g->timer[1], s) == CUDA_SUCCESS;
-    __atomic_store_n(&g->timer_ready_ns, g->queue_end_ns, __ATOMIC_RELAXED); /* this kernel's expected end */
+    uint64_t end = g->queue_end_ns; /* this kernel's expected end */
+    __atomic_store_n(&g->timer_ready_ns, end < g->timer_read_by_ns ? end : g->timer_read_by_ns, __ATOMIC_RELAXED);
     __atomic_store_n(&g->timing, ok ? TGS_TIMER_RUNNING : TGS_TIMER_IDLE, __ATOMIC_RELEASE);
 }
 
+/* A reading of t ns for `fn` on `blocks`. The kernel's own length is the shorter of its
+ * first two readings (one that waited behind other work does not last), then moves a
+ * quarter of the way to each new one, taken as at most four times the length (so that one
+ * reading that waited long cannot multiply it: it grows at most 1.75 times a reading, and
+ * a kernel that has really grown longer is caught up with in a few). Its function's is the longest lately: a longer
+ * reading at once, a shorter one an eighth of the way down. Neither is ever 0 (not timed)
+ * once timed. */
+static void kernel_length_note(struct tgs_gpu *g, uintptr_t fn, uint64_t blocks, uint64_t t) {
+    struct tgs_kernel_length *k = kernel_slot(g, fn, blocks, 1);
+    if (k) {
+        uint64_t old = __atomic_load_n(&k->ns, __ATOMIC_RELAXED), readings = k->readings, ns;
+        if (!readings)
+            ns = t ? t : 1;
+        else if (readings == 1)
+            ns = t && t < old ? t : old;
+        else
+            ns = old - old / 4 + (t < 4 * old ? t : 4 * old) / 4;
+        __atomic_store_n(&k->ns, ns, __ATOMIC_RELEASE);
+        __atomic_store_n(&k->readings, readings + 1, __ATOMIC_RELEASE);
+    }
+    struct tgs_kernel_length *f = kernel_slot(g, fn, TGS_FN_BLOCKS, 1);
+    if (f) {
+        uint64_t old = __atomic_load_n(&f->ns, __ATOMIC_RELAXED);
+        uint64_t ns = !f->readings || t >= old ? t : old - (old - t) / 8;
+        __atomic_store_n(&f->ns, ns ? ns : 1, __ATOMIC_RELEASE);
+        __atomic_store_n(&f->readings, f->readings + 1, __ATOMIC_RELEASE);
+    }
+}
+
 /* A timed kernel that has finished updates the estimate. */
-__attribute__((noinline)) static void timer_read_now(struct tgs_gpu *g) {
+__attribute__((noinline)) static void timer_read_now(struct tgs_gpu *g, uint64_t now) {
     int expected = TGS_TIMER_RUNNING;
-    if (REAL(cuEventQuery)(g->timer[1]) == CUDA_ERROR_NOT_READY ||
-        !__atomic_compare_exchange_n(&g->timing, &expected, TGS_TIMER_BUSY, 0, __ATOMIC_ACQUIRE, __ATOMIC_RELAXED))
+    if (REAL(cuEventQuery)(g->timer[1]) == CUDA_ERROR_NOT_READY) {
+        __atomic_store_n(&g->timer_ready_ns, now + TGS_TIMER_RETRY_NS, __ATOMIC_RELAXED);
+        return;
+    }
+    if (!__atomic_compare_exchange_n(&g->timing, &expected, TGS_TIMER_BUSY, 0, __ATOMIC_ACQUIRE, __ATOMIC_RELAXED))
         return;
     float ms = 0;
     if (REAL(cuEventElapsedTime)(&ms, g->timer[0], g->timer[1]) == CUDA_SUCCESS && ms >= 0) {
@@ -406,18 +449,7 @@ __attribute__((noinline)) static void timer_read_now(struct tgs_gpu *g) {
         }
         uint64_t was = g->kernel_ns;
         g->kernel_ns = v[(n - 1) / 2];
-        struct tgs_kernel_length *k = kernel_slot(g, g->timed_fn, g->timed_blocks, 1);
-        if (k) { /* this kernel's own length */
-            uint64_t old = __atomic_load_n(&k->ns, __ATOMIC_RELAXED), readings = k->readings, ns;
-            if (!readings)
-                ns = t ? t : 1;
-            else if (readings == 1) /* the shorter of the first two: one that waited behind other work does not last */
-                ns = t && t < old ? t : old;
-            else                    /* then a quarter of the way to each new reading */
-                ns = old - old / 4 + t / 4;
-            __atomic_store_n(&k->ns, ns, __ATOMIC_RELEASE); /* never 0 (not timed) once timed */
-            __atomic_store_n(&k->readings, readings + 1, __ATOMIC_RELEASE);
-        }
+        kernel_length_note(g, g->timed_fn, g->timed_blocks, t);
         if (tgs_log_level >= TGS_LOG_DEBUG && (g->kernel_ns > was + was / 16 || g->kernel_ns < was - was / 16))
             tgs_log(TGS_LOG_DEBUG, "its kernels run %.1f us (the median of %u timed)", (double)g->kernel_ns / 1e3, n);
     }
@@ -425,11 +457,16 @@ __attribute__((noinline)) static void timer_read_now(struct tgs_gpu *g) {
 }
 
 /* Its end event is not queried before the timed kernel is expected to be done (queried on
- * every launch, it cost the launches queued behind a long kernel a driver call each). */
+ * every launch, it cost the launches queued behind a long kernel a driver call each), nor
+ * more than once in TGS_TIMER_RETRY_NS after that; and at the latest TGS_TIMER_READ_NS
+ * after it was launched: an estimate far too long must not keep the reading that corrects
+ * it from being read. (Read only at its expected end, one reading of 134 ms among 20 us
+ * kernels on simgpu put that end seconds ahead, and the estimate stayed there: the job,
+ * alone, kept the GPU busy half the time.) */
 static inline void timer_read(struct tgs_gpu *g, uint64_t now) {
     if (unlikely(__atomic_load_n(&g->timing, __ATOMIC_RELAXED) == TGS_TIMER_RUNNING) &&
         now >= __atomic_load_n(&g->timer_ready_ns, __ATOMIC_RELAXED))
-        timer_read_now(g);
+        timer_read_now(g, now);
 }
 
 /* ---------- opportunistic: tokens ---------- */
@@ -541,6 +578,7 @@ struct launch {
     int timed;         /* between the timer's events */
     uint64_t bound_ns; /* opportunistic: the work it may have in flight (0: unbounded), */
     uint64_t cost_ns;  /* and what this launch counts for */
+    int new_kernel;    /* timed fewer than twice */
 };
 
 /* Admits one launch of `fn` (what is launched) on `blocks`; returns when, if it
@@ -556,6 +594,7 @@ static uint64_t opportunistic_admit(struct tgs_gpu *g, struct launch *L, uintptr
         timer_read(g, now);
         kl = kernel_slot(g, fn, blocks, 0);
     }
+    L->new_kernel = timing && (!kl || __atomic_load_n(&kl->readings, __ATOMIC_ACQUIRE) < 2);
     uint64_t k = kernel_expected(g, kl);
     for (;;) {
         for (;;) {
@@ -570,7 +609,7 @@ static uint64_t opportunistic_admit(struct tgs_gpu *g, struct launch *L, uintptr
         unsigned max = b->inflight_max;
         uint64_t before = now;
         L->bound_ns = (uint64_t)(max < TGS_INFLIGHT_RING ? max : TGS_INFLIGHT_RING) * TGS_INFLIGHT_QUANTUM_NS;
-        L->cost_ns = max ? kernel_cost(kl) : 0;
+        L->cost_ns = max ? kernel_cost(g, kl, fn) : 0;
         if (max && inflight_wait(g, L->bound_ns, L->cost_ns))
             now = tgs_now();
         take_tokens(g, blocks, &now);
@@ -616,7 +655,7 @@ static inline void launch_begin(struct launch *L, CUstream s, const void *what, 
     if (g_tgs.cls == TGS_CLASS_OPPORTUNISTIC) {
         uint64_t now = opportunistic_admit(g, L, (uintptr_t)what, blocks);
         if (now)
-            L->timed = timer_start(g, s, now, (uintptr_t)what, blocks);
+            L->timed = timer_start(g, s, now, (uintptr_t)what, blocks, L->new_kernel);
     } else {
         mark_busy(g); /* before the launch: no opportunistic launch slips in between */
     }

@@ -52,6 +52,8 @@ enum tgs_timer {
 #define TGS_TIME_EVERY 32 /* opportunistic launches per timed one, on average (two event records each) */
 #define TGS_TIME_GAP_NS 50000000ull /* ... or fewer, when the last timed one is this long ago */
 #define TGS_TIMED 5       /* timed kernels remembered */
+#define TGS_TIMER_READ_NS 10000000ull /* a timed kernel is read this long after its launch at the latest, */
+#define TGS_TIMER_RETRY_NS 1000000ull /* and, not done yet, queried again this long after */
 
 struct tgs_gpu { /* one control-block GPU slot, as this process sees it */
     int slot;
@@ -84,6 +86,7 @@ struct tgs_gpu { /* one control-block GPU slot, as this process sees it */
     unsigned timer_gen;
     int timing;                            /* enum tgs_timer */
     uint64_t timer_ready_ns;               /* the timed kernel's expected end: not queried before */
+    uint64_t timer_read_by_ns;             /* its launch + TGS_TIMER_READ_NS: queried from then at the latest */
     unsigned untimed;                      /* launches since the last timed one */
     unsigned time_after;                   /* the next is timed after this many */
     uint64_t time_by_ns;                   /* or one of the first few launches from then on */

@@ -36,12 +36,21 @@ def test_the_last_kernels_of_an_iteration_can_run_long(simgpu):
     assert 0.95 * 20 * 10.18e6 <= ctx["busy_ns"] <= 1.05 * 20 * 10.18e6, ctx["busy_ns"]
 
 
+def test_kernels_can_come_on_several_grid_sizes_in_turn(simgpu):
+    """--shapes 3: kernel i of the run (across iterations) has 108 + i % 3 blocks."""
+    w = Workload(kernel_us=10, kernels=10, shapes=3, iterations=20, seconds=30)
+    p = simgpu.run(w, "w")
+    assert p.popen.returncode == 0, p.stderr
+    assert simgpu.context("w")["blocks"] == sum(108 + i % 3 for i in range(200))
+
+
 @pytest.mark.parametrize("args,message", [
     (["--kernels", "0"], "--kernels 0"),
     (["--seconds", "abc"], "--seconds abc"),
     (["--bogus"], "unrecognized option"),
     (["extra"], "unexpected argument extra"),
     (["--kernels", "4", "--long-kernels", "5"], "--long-kernels 5: more than the 4 kernels"),
+    (["--shapes", "0"], "--shapes 0"),
 ])
 def test_bad_flags(simgpu, args, message):
     proc = subprocess.run([str(simgpu.artifacts.workload), *args], env=simgpu.env("w"), capture_output=True,

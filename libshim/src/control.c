@@ -206,27 +206,18 @@ static struct tgs_gpu *g_by_ordinal[TGS_MAX_ORDINALS];
 static int g_ordinal_known[TGS_MAX_ORDINALS];
 static unsigned g_ctx_generation;
 
-/* Per-thread cache of the current context's GPU. A pthread key, not __thread: the
- * library must need nothing from ld.so itself (no __tls_get_addr). */
+/* Per-thread cache of the current context's GPU. Initial-exec TLS: an offset from the
+ * thread pointer, resolved when the library is loaded, so the library needs nothing from
+ * ld.so itself (no __tls_get_addr, which the general TLS model calls on every access).
+ * The library is preloaded, so its few bytes come from the static TLS block. */
 struct ctx_cache {
     CUcontext ctx;
     struct tgs_gpu *gpu;
     unsigned generation;
 };
-static pthread_key_t g_cache_key;
-static pthread_once_t g_cache_once = PTHREAD_ONCE_INIT;
-static void make_key(void) { pthread_key_create(&g_cache_key, free); }
+static __thread struct ctx_cache t_cache __attribute__((tls_model("initial-exec")));
 
-static struct ctx_cache *thread_cache(void) {
-    pthread_once(&g_cache_once, make_key);
-    struct ctx_cache *c = pthread_getspecific(g_cache_key);
-    if (unlikely(!c)) {
-        c = calloc(1, sizeof *c);
-        if (c)
-            pthread_setspecific(g_cache_key, c);
-    }
-    return c;
-}
+static inline struct ctx_cache *thread_cache(void) { return &t_cache; }
 
 struct tgs_gpu *tgs_gpu_of_device(CUdevice dev) {
     if (dev >= 0 && dev < TGS_MAX_ORDINALS && __atomic_load_n(&g_ordinal_known[dev], __ATOMIC_ACQUIRE))

@@ -23,9 +23,6 @@ TGS_PIN(pthread_create);
 TGS_PIN(pthread_detach);
 TGS_PIN(pthread_once);
 TGS_PIN(pthread_sigmask);
-TGS_PIN(pthread_key_create);
-TGS_PIN(pthread_setspecific);
-TGS_PIN(pthread_getspecific);
 TGS_PIN(pthread_mutex_trylock);
 TGS_PIN(pthread_attr_setdetachstate);
 #undef TGS_PIN

@@ -398,11 +398,12 @@ __attribute__((noinline)) static void timer_stop(struct tgs_gpu *g, CUstream s, 
 
 /* A reading of t ns for `fn` on `blocks`. The kernel's own length is the shorter of its
  * first two readings (one that waited behind other work does not last), then moves a
- * quarter of the way to each new one, taken as at most four times the length (so that one
- * reading that waited long cannot multiply it: it grows at most 1.75 times a reading, and
- * a kernel that has really grown longer is caught up with in a few). Its function's is the longest lately: a longer
- * reading at once, a shorter one an eighth of the way down. Neither is ever 0 (not timed)
- * once timed. */
+ * quarter of the way to each new one, taken as at most four times the length: one reading
+ * that waited long cannot multiply it (it grows at most 1.75 times a reading), and a
+ * kernel that has really grown longer is caught up with in a few. Its function's length
+ * is the longest lately: a longer reading at once, a shorter one an eighth of the way
+ * down. Neither is ever 0 (not timed) once timed. A kernel the full table cannot take
+ * stays new, and is timed whenever the timer is free. */
 static void kernel_length_note(struct tgs_gpu *g, uintptr_t fn, uint64_t blocks, uint64_t t) {
     struct tgs_kernel_length *k = kernel_slot(g, fn, blocks, 1);
     if (k) {

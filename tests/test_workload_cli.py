@@ -37,11 +37,13 @@ def test_the_last_kernels_of_an_iteration_can_run_long(simgpu):
 
 
 def test_kernels_can_come_on_several_grid_sizes_in_turn(simgpu):
-    """--shapes 3: kernel i of the run (across iterations) has 108 + i % 3 blocks."""
-    w = Workload(kernel_us=10, kernels=10, shapes=3, iterations=20, seconds=30)
+    """--shapes 3: kernel i of the run (across iterations) has 108 + i % 3 blocks, or, if
+    it is one of the long ones (the last of each iteration), 2 x (108 + 2) + i % 3."""
+    w = Workload(kernel_us=10, kernels=10, long_kernels=1, long_us=10, shapes=3, iterations=20, seconds=30)
     p = simgpu.run(w, "w")
     assert p.popen.returncode == 0, p.stderr
-    assert simgpu.context("w")["blocks"] == sum(108 + i % 3 for i in range(200))
+    want = sum((220 if i % 10 == 9 else 108) + i % 3 for i in range(200))
+    assert simgpu.context("w")["blocks"] == want
 
 
 @pytest.mark.parametrize("args,message", [

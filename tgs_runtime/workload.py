@@ -27,7 +27,7 @@ class Workload:
     iterations: int | None = None  # a job of fixed work: stop after this many
     long_kernels: int = 0           # the last this many kernels of each iteration run long_us
     long_us: float | None = None
-    shapes: int = 1                 # the other kernels take this many grid sizes in turn
+    shapes: int = 1                 # kernel i of the run is on grid size i % shapes
 
     @property
     def duty(self) -> float:

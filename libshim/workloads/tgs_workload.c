@@ -140,11 +140,12 @@ static void usage(FILE *f) {
             "A GPU job shaped like training: K kernels per iteration, a sync, a CPU gap.\n\n"
             "  --kernel-us US   duration of each kernel (default 1000)\n"
             "  --kernels K      kernels per iteration (default 10)\n"
-            "  --long-kernels N the last N of them run --long-us instead, one after another, on twice\n"
-            "                   the others' largest grid (as a backward pass's matmuls; default 0)\n"
+            "  --long-kernels N the last N of them run --long-us instead, one after another, on grids\n"
+            "                   of their own (as a backward pass's matmuls; default 0)\n"
             "  --long-us US     duration of those (default: --kernel-us)\n"
-            "  --shapes N       the other kernels run on SMs + 0 .. N-1 blocks in turn: N different kernels\n"
-            "                   to whoever tells kernels apart by their grid (default 1)\n"
+            "  --shapes N       kernel i of the run is on grid size i %% N: SMs + that many blocks (the long\n"
+            "                   ones: twice (SMs + N-1), plus that many); N kernels of each kind to\n"
+            "                   whoever tells kernels apart by their grid, as dynamic shapes (default 1)\n"
             "  --gap-us US      CPU time between iterations (default 0: GPU-bound)\n"
             "  --seconds S      how long to run (default 10)\n"
             "  --iterations N   stop after N iterations instead (a job of fixed work; --seconds still caps it)\n"
@@ -358,9 +359,11 @@ int main(int argc, char **argv) {
             int is_long = k + (size_t)opt.long_kernels >= K;
             unsigned long long ns = is_long ? long_ns : short_ns;
             void *args[] = {&ns, &a, &ab, &b, &bb, &stride, &delta};
-            /* the others' grids are SMs + 0 .. shapes-1 blocks; the long ones', twice the largest */
+            /* kernel i of the run is on shape i % shapes: the others on SMs + that many blocks,
+             * the long ones on twice the others' largest grid plus that many */
+            unsigned shape = (unsigned)((kernels + k) % (uint64_t)opt.shapes);
             unsigned widest = (unsigned)sms + (unsigned)opt.shapes - 1;
-            unsigned blocks = is_long ? 2 * widest : (unsigned)sms + (unsigned)((kernels + k) % (uint64_t)opt.shapes);
+            unsigned blocks = is_long ? 2 * widest + shape : (unsigned)sms + shape;
             CHECK(cu.LaunchKernel(step, blocks, 1, 1, 128, 1, 1, 0, NULL, args, NULL), "cuLaunchKernel");
         }
         CHECK(cu.CtxSynchronize(), "cuCtxSynchronize");

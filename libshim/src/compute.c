@@ -150,13 +150,14 @@ static int event_serves(CUevent *e, CUcontext made_in, unsigned made_gen, CUcont
 /* ---------- opportunistic: each kernel's length ---------- */
 
 /* Each kernel's length, remembered by what was launched (a function or a graph) and its
- * grid's size, from the launches timed (the timer, below, fills it in); and under the
- * grid size TGS_FN_BLOCKS, the longest each function (or graph) has run lately, whatever
- * its grid. Only the thread that owns the timer inserts or updates (one at a time),
- * storing the key before the length; a reader that finds the key without a length takes
- * the kernel as not timed yet. A full table remembers no more. */
-#define TGS_FN_BLOCKS UINT64_MAX /* no grid has this many blocks */
+ * grid's size, from the launches timed (the timer, below, fills it in); and per function
+ * (or graph) its lengths on the last TGS_FN_GRIDS grid sizes timed, for the kernels of it
+ * not timed yet (a framework's dynamic shapes bring new grid sizes all the time). Only
+ * the thread that owns the timer inserts or updates (one at a time), storing the key
+ * before the length; a reader that finds the key without a length takes the kernel as
+ * not timed yet. A full table remembers no more. */
 static struct tgs_kernel_length g_kernel_lengths[TGS_MAX_GPUS][TGS_KERNEL_KEYS]; /* by GPU slot (in bss) */
+static struct tgs_fn_lengths g_fn_lengths[TGS_MAX_GPUS][TGS_FNS];
 
 static struct tgs_kernel_length *kernel_slot(struct tgs_gpu *g, uintptr_t fn, uint64_t blocks, int insert) {
     uint64_t h = ((uint64_t)fn ^ blocks * 0x9E3779B97F4A7C15ull) * 0xC2B2AE3D27D4EB4Full;
@@ -177,13 +178,94 @@ static struct tgs_kernel_length *kernel_slot(struct tgs_gpu *g, uintptr_t fn, ui
     return NULL;
 }
 
+static struct tgs_fn_lengths *fn_slot(struct tgs_gpu *g, uintptr_t fn, int insert) {
+    uint64_t h = (uint64_t)fn * 0x9E3779B97F4A7C15ull;
+    unsigned base = (unsigned)(h >> (64 - TGS_FN_BITS));
+    for (unsigned i = 0; i < 4; i++) {
+        struct tgs_fn_lengths *f = &g_fn_lengths[g->slot][(base + i) % TGS_FNS];
+        uintptr_t have = __atomic_load_n(&f->fn, __ATOMIC_ACQUIRE);
+        if (have == fn)
+            return f;
+        if (!have) {
+            if (!insert)
+                return NULL;
+            __atomic_store_n(&f->fn, fn, __ATOMIC_RELEASE);
+            return f;
+        }
+    }
+    return NULL;
+}
+
+static double grid_ratio(uint64_t a, uint64_t b) {
+    return a > b ? (double)a / (double)(b ? b : 1) : (double)b / (double)(a ? a : 1);
+}
+
+/* The timer's owner notes `fn`'s length on `blocks`: in that grid size's place, else in
+ * an empty one, else in the place of the grid size nearest it (by ratio), so that the
+ * places keep the spread of grid sizes timed: a function launched mostly on small grids
+ * and now and then on large ones keeps its large ones. A place being rewritten is
+ * emptied first, so that no reader pairs one grid size with another's length. */
+static void fn_length_note(struct tgs_gpu *g, uintptr_t fn, uint64_t blocks, uint64_t ns) {
+    struct tgs_fn_lengths *f = fn_slot(g, fn, 1);
+    if (!f || !blocks)
+        return;
+    unsigned at = TGS_FN_GRIDS, empty = TGS_FN_GRIDS, nearest = 0;
+    double nearest_ratio = 0;
+    for (unsigned i = 0; i < TGS_FN_GRIDS && at == TGS_FN_GRIDS; i++) {
+        uint64_t b = __atomic_load_n(&f->blocks[i], __ATOMIC_RELAXED);
+        double r = grid_ratio(b, blocks);
+        if (b == blocks)
+            at = i;
+        else if (!b && empty == TGS_FN_GRIDS)
+            empty = i;
+        else if (b && (!nearest_ratio || r < nearest_ratio)) {
+            nearest = i;
+            nearest_ratio = r;
+        }
+    }
+    if (at == TGS_FN_GRIDS) {
+        at = empty < TGS_FN_GRIDS ? empty : nearest;
+        __atomic_store_n(&f->blocks[at], 0, __ATOMIC_RELEASE);
+    }
+    __atomic_store_n(&f->ns[at], ns, __ATOMIC_RELEASE);
+    __atomic_store_n(&f->blocks[at], blocks, __ATOMIC_RELEASE);
+}
+
+/* How long `fn` runs on `blocks`, for a kernel not timed on that grid: its length on the
+ * nearest grid size timed lately (by ratio), or 0 when it was never timed. Kernels of
+ * one function on nearby grids run alike more often than kernels of different ones. */
+static uint64_t fn_length_near(struct tgs_gpu *g, uintptr_t fn, uint64_t blocks) {
+    struct tgs_fn_lengths *f = fn_slot(g, fn, 0);
+    if (!f)
+        return 0;
+    uint64_t best = 0;
+    double best_ratio = 0;
+    for (unsigned i = 0; i < TGS_FN_GRIDS; i++) {
+        uint64_t b = __atomic_load_n(&f->blocks[i], __ATOMIC_ACQUIRE);
+        uint64_t ns = __atomic_load_n(&f->ns[i], __ATOMIC_ACQUIRE);
+        if (!b || __atomic_load_n(&f->blocks[i], __ATOMIC_ACQUIRE) != b) /* empty, or being rewritten */
+            continue;
+        double r = grid_ratio(b, blocks);
+        if (!best || r < best_ratio) {
+            best = ns;
+            best_ratio = r;
+        }
+    }
+    return best;
+}
+
 /* How long anticipation takes a kernel to run: its own length once it has been timed
- * twice, else the median of the process's last five timed kernels. Taking every kernel
- * for the median let a 2 ms kernel among 10 us ones start just before production was
- * due. */
-static uint64_t kernel_expected(const struct tgs_gpu *g, const struct tgs_kernel_length *k) {
-    return k && __atomic_load_n(&k->readings, __ATOMIC_ACQUIRE) >= 2 ? __atomic_load_n(&k->ns, __ATOMIC_RELAXED)
-                                                                      : g->kernel_ns;
+ * twice, else its function's on the nearest grid timed, else the median of the
+ * process's last five timed kernels. Taking every kernel for the median let a 2 ms kernel
+ * among 10 us ones start just before production was due; with dynamic shapes, where most
+ * kernels are new, so did taking new ones for it (production 0.975 of solo beside such a
+ * job on simgpu). */
+static uint64_t kernel_expected(struct tgs_gpu *g, const struct tgs_kernel_length *k, uintptr_t fn,
+                                uint64_t blocks) {
+    if (k && __atomic_load_n(&k->readings, __ATOMIC_ACQUIRE) >= 2)
+        return __atomic_load_n(&k->ns, __ATOMIC_RELAXED);
+    uint64_t near = fn_length_near(g, fn, blocks);
+    return near ? near : g->kernel_ns;
 }
 
 /* ---------- opportunistic: kernels in flight ---------- */
@@ -199,12 +281,10 @@ static uint64_t kernel_expected(const struct tgs_gpu *g, const struct tgs_kernel
  * of solo at 50 % duty against 0.992 counting kernels). Costed kernel by kernel, with the
  * long ones on another grid: 0.980 (0.994 counting kernels), and 0.805 of the idle time
  * to the job against 0.46. */
-static uint64_t kernel_cost(struct tgs_gpu *g, const struct tgs_kernel_length *k, uintptr_t fn) {
+static uint64_t kernel_cost(struct tgs_gpu *g, const struct tgs_kernel_length *k, uintptr_t fn, uint64_t blocks) {
     uint64_t ns = k ? __atomic_load_n(&k->ns, __ATOMIC_ACQUIRE) : 0;
-    if (!ns) { /* not timed on this grid: as long as its function has run lately */
-        const struct tgs_kernel_length *f = kernel_slot(g, fn, TGS_FN_BLOCKS, 0);
-        ns = f ? __atomic_load_n(&f->ns, __ATOMIC_ACQUIRE) : 0;
-    }
+    if (!ns) /* not timed on this grid: its function's length on the nearest grid timed */
+        ns = fn_length_near(g, fn, blocks);
     return ns && ns < TGS_INFLIGHT_QUANTUM_NS ? ns : TGS_INFLIGHT_QUANTUM_NS;
 }
 
@@ -400,10 +480,10 @@ __attribute__((noinline)) static void timer_stop(struct tgs_gpu *g, CUstream s, 
  * first two readings (one that waited behind other work does not last), then moves a
  * quarter of the way to each new one, taken as at most four times the length: one reading
  * that waited long cannot multiply it (it grows at most 1.75 times a reading), and a
- * kernel that has really grown longer is caught up with in a few. Its function's length
- * is the longest lately: a longer reading at once, a shorter one an eighth of the way
- * down. Neither is ever 0 (not timed) once timed. A kernel the full table cannot take
- * stays new, and is timed whenever the timer is free. */
+ * kernel that has really grown longer is caught up with in a few. Never 0 (not timed)
+ * once timed. Its function notes that length on that grid size (or the reading, for a
+ * kernel the full table cannot take: it stays new, and is timed whenever the timer is
+ * free). */
 static void kernel_length_note(struct tgs_gpu *g, uintptr_t fn, uint64_t blocks, uint64_t t) {
     struct tgs_kernel_length *k = kernel_slot(g, fn, blocks, 1);
     if (k) {
@@ -417,13 +497,7 @@ static void kernel_length_note(struct tgs_gpu *g, uintptr_t fn, uint64_t blocks,
         __atomic_store_n(&k->ns, ns, __ATOMIC_RELEASE);
         __atomic_store_n(&k->readings, readings + 1, __ATOMIC_RELEASE);
     }
-    struct tgs_kernel_length *f = kernel_slot(g, fn, TGS_FN_BLOCKS, 1);
-    if (f) {
-        uint64_t old = __atomic_load_n(&f->ns, __ATOMIC_RELAXED);
-        uint64_t ns = !f->readings || t >= old ? t : old - (old - t) / 8;
-        __atomic_store_n(&f->ns, ns ? ns : 1, __ATOMIC_RELEASE);
-        __atomic_store_n(&f->readings, f->readings + 1, __ATOMIC_RELEASE);
-    }
+    fn_length_note(g, fn, blocks, k ? __atomic_load_n(&k->ns, __ATOMIC_RELAXED) : (t ? t : 1));
 }
 
 /* A timed kernel that has finished updates the estimate. */
@@ -596,7 +670,7 @@ static uint64_t opportunistic_admit(struct tgs_gpu *g, struct launch *L, uintptr
         kl = kernel_slot(g, fn, blocks, 0);
     }
     L->new_kernel = timing && (!kl || __atomic_load_n(&kl->readings, __ATOMIC_ACQUIRE) < 2);
-    uint64_t k = kernel_expected(g, kl);
+    uint64_t k = timing ? kernel_expected(g, kl, fn, blocks) : 0; /* read only when timing */
     for (;;) {
         for (;;) {
             if (must_wait_for_production(g, now))
@@ -610,7 +684,7 @@ static uint64_t opportunistic_admit(struct tgs_gpu *g, struct launch *L, uintptr
         unsigned max = b->inflight_max;
         uint64_t before = now;
         L->bound_ns = (uint64_t)(max < TGS_INFLIGHT_RING ? max : TGS_INFLIGHT_RING) * TGS_INFLIGHT_QUANTUM_NS;
-        L->cost_ns = max ? kernel_cost(g, kl, fn) : 0;
+        L->cost_ns = max ? kernel_cost(g, kl, fn, blocks) : 0;
         if (max && inflight_wait(g, L->bound_ns, L->cost_ns))
             now = tgs_now();
         take_tokens(g, blocks, &now);

@@ -43,6 +43,14 @@ struct tgs_kernel_length {
     uint64_t ns;     /* how long it runs (0: not timed yet) */
     uint64_t readings; /* how many times it was timed */
 };
+#define TGS_FN_BITS 9 /* 512 functions (or graphs) whose lengths on their last grid sizes are remembered, per GPU */
+#define TGS_FNS (1u << TGS_FN_BITS)
+#define TGS_FN_GRIDS 8 /* grid sizes remembered per function */
+struct tgs_fn_lengths {
+    uintptr_t fn; /* 0: free */
+    uint64_t blocks[TGS_FN_GRIDS]; /* 0: empty */
+    uint64_t ns[TGS_FN_GRIDS];
+};
 enum tgs_timer {
     TGS_TIMER_IDLE = 0,    /* free to time a launch */
     TGS_TIMER_RUNNING = 1, /* its events are recorded around a kernel not yet read */

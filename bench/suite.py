@@ -34,9 +34,9 @@ class Step:
 
 
 # In the order they run; the seconds were measured by this suite on simgpu (2 cores, 2026-11-22)
-# except pytorch's, which are guesses (with 35 s, 25 s quick, for its MPS row), and the 90 s
-# (37 s quick) of isolation's three rows of other kernels added on 2026-11-23 (their runs' lengths).
-PLAN = (Step("isolation", 380, 162), Step("pytorch", 185, 100), Step("oversubscription", 115, 70),
+# except pytorch's, which are guesses (with 35 s, 25 s quick, for its MPS row), and the 120 s
+# (50 s quick) of isolation's four rows of other kernels added on 2026-11-23 (their runs' lengths).
+PLAN = (Step("isolation", 410, 175), Step("pytorch", 185, 100), Step("oversubscription", 115, 70),
         Step("dynamics", 200, 105), Step("multi", 150, 45), Step("overhead", 90, 15))
 GRACE_S = 30  # what an interrupted benchmark gets to clean up
 

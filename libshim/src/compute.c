@@ -254,25 +254,43 @@ static uint64_t fn_length_near(struct tgs_gpu *g, uintptr_t fn, uint64_t blocks)
     return best;
 }
 
+/* What the shim knows of the kernel one launch is about to start, looked up once per
+ * launch: its own length (0: not timed on its grid), whether that was timed twice, and,
+ * for a kernel timed fewer than twice, its function's length on the nearest grid size
+ * timed (0: the function never was). */
+struct kernel_known {
+    uint64_t own, near;
+    int twice;
+};
+
+static struct kernel_known kernel_known(struct tgs_gpu *g, uintptr_t fn, uint64_t blocks) {
+    struct kernel_known kn = {0, 0, 0};
+    const struct tgs_kernel_length *k = kernel_slot(g, fn, blocks, 0);
+    if (k) {
+        kn.twice = __atomic_load_n(&k->readings, __ATOMIC_ACQUIRE) >= 2;
+        kn.own = __atomic_load_n(&k->ns, __ATOMIC_ACQUIRE);
+    }
+    if (!kn.twice)
+        kn.near = fn_length_near(g, fn, blocks);
+    return kn;
+}
+
 /* How long anticipation takes a kernel to run: its own length once it has been timed
  * twice, else its function's on the nearest grid timed, else the median of the
  * process's last five timed kernels. Taking every kernel for the median let a 2 ms kernel
  * among 10 us ones start just before production was due; with dynamic shapes, where most
  * kernels are new, so did taking new ones for it (production 0.975 of solo beside such a
  * job on simgpu). */
-static uint64_t kernel_expected(struct tgs_gpu *g, const struct tgs_kernel_length *k, uintptr_t fn,
-                                uint64_t blocks) {
-    if (k && __atomic_load_n(&k->readings, __ATOMIC_ACQUIRE) >= 2)
-        return __atomic_load_n(&k->ns, __ATOMIC_RELAXED);
-    uint64_t near = fn_length_near(g, fn, blocks);
-    return near ? near : g->kernel_ns;
+static uint64_t kernel_expected(const struct tgs_gpu *g, struct kernel_known kn) {
+    return kn.twice ? kn.own : kn.near ? kn.near : g->kernel_ns;
 }
 
 /* ---------- opportunistic: kernels in flight ---------- */
 
 /* The in-flight bound is work: `inflight_max` kernels of TGS_INFLIGHT_QUANTUM_NS or
  * longer, a shorter kernel counting as the part of that it runs (by its own length, once
- * timed; until then as a whole one), and at most TGS_INFLIGHT_RING kernels. Counted in
+ * timed; until then by its function's on the nearest grid size timed, or as a whole one
+ * if the function never was), and at most TGS_INFLIGHT_RING kernels. Counted in
  * kernels alone, a job of 10-20 us kernels kept the GPU busy only a third to half of the
  * time production left idle on simgpu, and of the time it had alone: its launching
  * thread woke to launch the next kernel long after the last one had ended. Costed by an
@@ -281,10 +299,8 @@ static uint64_t kernel_expected(struct tgs_gpu *g, const struct tgs_kernel_lengt
  * of solo at 50 % duty against 0.992 counting kernels). Costed kernel by kernel, with the
  * long ones on another grid: 0.980 (0.994 counting kernels), and 0.805 of the idle time
  * to the job against 0.46. */
-static uint64_t kernel_cost(struct tgs_gpu *g, const struct tgs_kernel_length *k, uintptr_t fn, uint64_t blocks) {
-    uint64_t ns = k ? __atomic_load_n(&k->ns, __ATOMIC_ACQUIRE) : 0;
-    if (!ns) /* not timed on this grid: its function's length on the nearest grid timed */
-        ns = fn_length_near(g, fn, blocks);
+static uint64_t kernel_cost(struct kernel_known kn) {
+    uint64_t ns = kn.own ? kn.own : kn.near; /* not timed on this grid: its function's on the nearest */
     return ns && ns < TGS_INFLIGHT_QUANTUM_NS ? ns : TGS_INFLIGHT_QUANTUM_NS;
 }
 
@@ -664,13 +680,14 @@ static uint64_t opportunistic_admit(struct tgs_gpu *g, struct launch *L, uintptr
     uint64_t now = tgs_now(), start = now, until;
     int anticipate = (b->flags & TGS_GPU_ANTICIPATE) != 0;
     int timing = anticipate || b->inflight_max;
-    const struct tgs_kernel_length *kl = NULL;
+    struct kernel_known kn = {0, 0, 0};
     if (timing) {
         timer_read(g, now);
-        kl = kernel_slot(g, fn, blocks, 0);
+        kn = kernel_known(g, fn, blocks);
     }
-    L->new_kernel = timing && (!kl || __atomic_load_n(&kl->readings, __ATOMIC_ACQUIRE) < 2);
-    uint64_t k = timing ? kernel_expected(g, kl, fn, blocks) : 0; /* read only when timing */
+    L->new_kernel = timing && !kn.twice;
+    uint64_t k = timing ? kernel_expected(g, kn) : 0; /* read only when timing */
+    uint64_t cost = kernel_cost(kn);
     for (;;) {
         for (;;) {
             if (must_wait_for_production(g, now))
@@ -684,7 +701,7 @@ static uint64_t opportunistic_admit(struct tgs_gpu *g, struct launch *L, uintptr
         unsigned max = b->inflight_max;
         uint64_t before = now;
         L->bound_ns = (uint64_t)(max < TGS_INFLIGHT_RING ? max : TGS_INFLIGHT_RING) * TGS_INFLIGHT_QUANTUM_NS;
-        L->cost_ns = max ? kernel_cost(g, kl, fn, blocks) : 0;
+        L->cost_ns = max ? cost : 0;
         if (max && inflight_wait(g, L->bound_ns, L->cost_ns))
             now = tgs_now();
         take_tokens(g, blocks, &now);

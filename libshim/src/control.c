@@ -217,8 +217,6 @@ struct ctx_cache {
 };
 static __thread struct ctx_cache t_cache __attribute__((tls_model("initial-exec")));
 
-static inline struct ctx_cache *thread_cache(void) { return &t_cache; }
-
 struct tgs_gpu *tgs_gpu_of_device(CUdevice dev) {
     if (dev >= 0 && dev < TGS_MAX_ORDINALS && __atomic_load_n(&g_ordinal_known[dev], __ATOMIC_ACQUIRE))
         return g_by_ordinal[dev];
@@ -247,18 +245,16 @@ struct tgs_gpu *tgs_current_gpu(void) {
     if (real_cuCtxGetCurrent(&c) != CUDA_SUCCESS || !c)
         return NULL;
     unsigned gen = __atomic_load_n(&g_ctx_generation, __ATOMIC_RELAXED);
-    struct ctx_cache *tc = thread_cache();
-    if (likely(tc && c == tc->ctx && tc->generation == gen))
+    struct ctx_cache *tc = &t_cache;
+    if (likely(c == tc->ctx && tc->generation == gen))
         return tc->gpu;
     CUdevice dev;
     if (real_cuCtxGetDevice(&dev) != CUDA_SUCCESS)
         return NULL;
     struct tgs_gpu *g = tgs_gpu_of_device(dev);
-    if (tc) {
-        tc->gpu = g;
-        tc->ctx = c;
-        tc->generation = gen;
-    }
+    tc->gpu = g;
+    tc->ctx = c;
+    tc->generation = gen;
     return g;
 }
 

@@ -840,6 +840,25 @@ static void event_unwait(struct sim_event *e) { /* e->ctx->ev_lock held */
     e->waiting = 0;
 }
 
+/* Takes e out of its context's waiting list, if it is in one (it is recorded again, or
+ * destroyed). */
+static void event_stop_waiting(struct sim_event *e) {
+    if (!e->waiting)
+        return;
+    pthread_mutex_lock(&e->ctx->ev_lock);
+    if (e->waiting)
+        event_unwait(e);
+    pthread_mutex_unlock(&e->ctx->ev_lock);
+}
+
+/* A waiting event, already unlinked from its list, gets its place's end (ev_lock held). */
+static void event_gets_time(struct sim_event *e, uint64_t end_ns) {
+    if (!e->time_ns)
+        e->time_ns = end_ns;
+    e->next_waiting = NULL;
+    e->waiting = 0;
+}
+
 static void events_item_gone(struct sim_context *c, uint64_t seq, uint64_t end_ns) {
     struct sim_event **slot = &c->waiting[seq % SIM_QCAP];
     if (!__atomic_load_n(slot, __ATOMIC_RELAXED)) /* no event ever waits on an item this old */
@@ -851,11 +870,8 @@ static void events_item_gone(struct sim_context *c, uint64_t seq, uint64_t end_n
             p = &e->next_waiting;
             continue;
         }
-        if (!e->time_ns)
-            e->time_ns = end_ns;
         *p = e->next_waiting;
-        e->next_waiting = NULL;
-        e->waiting = 0;
+        event_gets_time(e, end_ns);
     }
     pthread_mutex_unlock(&c->ev_lock);
 }
@@ -868,13 +884,9 @@ static void events_settle_all(struct sim_context *c) {
     for (unsigned i = 0; i < SIM_QCAP; i++) {
         while (c->waiting[i]) {
             struct sim_event *e = c->waiting[i];
-            if (!e->time_ns) {
-                uint64_t t = eng_end_time(d, c->slot, e->head);
-                e->time_ns = t ? t : d->sim_ns;
-            }
+            uint64_t t = eng_end_time(d, c->slot, e->head);
             c->waiting[i] = e->next_waiting;
-            e->next_waiting = NULL;
-            e->waiting = 0;
+            event_gets_time(e, t ? t : d->sim_ns);
         }
     }
     sim_unlock_device(d);
@@ -908,12 +920,7 @@ SIM_API CUresult CUDAAPI cuEventDestroy_v2(CUevent hEvent) {
     struct sim_event *e = event_of(hEvent);
     if (!e)
         return CUDA_ERROR_INVALID_HANDLE;
-    if (e->recorded && e->waiting) {
-        pthread_mutex_lock(&e->ctx->ev_lock);
-        if (e->waiting)
-            event_unwait(e);
-        pthread_mutex_unlock(&e->ctx->ev_lock);
-    }
+    event_stop_waiting(e);
     e->magic = OBJ_DEAD;
     free(e);
     return CUDA_SUCCESS;
@@ -931,12 +938,7 @@ static CUresult event_record(CUevent hEvent, CUstream hStream) {
     if (s->capture)
         return CUDA_SUCCESS; /* an event-record node: nothing to time in a simulated graph */
     struct sim_context *c = s->ctx;
-    if (e->recorded && e->waiting) { /* recorded again: it waits on its new place only */
-        pthread_mutex_lock(&e->ctx->ev_lock);
-        if (e->waiting)
-            event_unwait(e);
-        pthread_mutex_unlock(&e->ctx->ev_lock);
-    }
+    event_stop_waiting(e); /* recorded again: it waits on its new place only */
     struct sim_device *d = drv_device(c);
     pthread_mutex_lock(&c->ev_lock);
     sim_lock_device(d);

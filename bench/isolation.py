@@ -11,8 +11,8 @@ opportunistic job of 20 us kernels (as short as most of a PyTorch job's), beside
 each of those on 5,000 grid sizes in turn (a framework's dynamic shapes: every kernel new
 to the shim), show that the in-flight bound neither starves short kernels nor lets a run
 of long ones queue up behind production, and that anticipation does not start a long
-kernel it has never timed just before production is due. TGS_BENCH_CONTROLLERS=fast (a comma list) runs only those
-controllers, for a shorter run."""
+kernel it has never timed just before production is due. TGS_BENCH_CONTROLLERS=fast (a
+comma list) runs only those controllers, for a shorter run."""
 from __future__ import annotations
 
 import time

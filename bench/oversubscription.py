@@ -104,8 +104,9 @@ def run(echo: Echo = print, quick: bool = False, json_path: Path | None = None) 
              "failed": [k for k in ("prod", "opp") if failed(r[k])],
              "pages_moved": {k: (r[k].get("pages_in") or 0) + (r[k].get("pages_out") or 0) for k in ("prod", "opp")}}
         summary[name] = s
-        rows.append([name, f"{s['production_ratio']:.3f}", f"{s['opportunistic_ratio']:.3f}",
-                     ", ".join(k + (" (hung)" if r[k]["rc"] is None else "") for k in s["failed"]) or "none", str(s["pages_moved"]["prod"]), str(s["pages_moved"]["opp"])])
+        failures = ", ".join(k + (" (hung)" if r[k]["rc"] is None else "") for k in s["failed"]) or "none"
+        rows.append([name, f"{s['production_ratio']:.3f}", f"{s['opportunistic_ratio']:.3f}", failures,
+                     str(s["pages_moved"]["prod"]), str(s["pages_moved"]["opp"])])
     if "co-execution" in summary and summary["co-execution"]["opportunistic_ratio"] > 0:
         summary["TGS"]["opportunistic_vs_co_execution"] = round(
             summary["TGS"]["opportunistic_ratio"] / summary["co-execution"]["opportunistic_ratio"], 1)

@@ -57,7 +57,7 @@ static struct {
     long iterations; /* stop after this many (0: run for --seconds) */
     long long_kernels; /* the last this many kernels of each iteration run long_us */
     double long_us;    /* -1: --kernel-us */
-    long shapes;       /* the other kernels take this many grid sizes in turn */
+    long shapes;       /* kernel i of the run is on grid size i % shapes */
 } opt = {1000, 0, 10, 1, -1, 10, 16, 16, 0, 0, 0, 0, 0, 0, -1, 1};
 
 static double now_s(void) {

@@ -196,6 +196,29 @@ def test_a_production_load_change_is_followed_within_five_seconds():
     assert b.rate == UNLIMITED, "opportunistic work gets the idle time back"
 
 
+def test_a_fall_of_production_load_that_cuts_ease_does_not_starve_opportunistic_work():
+    """One of two production processes ends, with no idle moment, while opportunistic work
+    does the other a little harm: each cut helps a little, none brings production back to
+    the figure of both. The figure is checked and replaced, and opportunistic work keeps
+    its share (before, it was cut to 1 block/s for good)."""
+    r = Rig(fast(), harm=0.0)
+    r.processes = frozenset({1, 2})
+    r.run(2, opportunistic=False)
+    r.run(20)
+    r.processes = frozenset({1})
+    r.solo, r.harm = 30_000.0, 0.02  # 60 % of the load; opportunistic work at full rate costs it 7 %
+    r.run(15)
+    prod = opp = 0.0
+    for _ in range(100):
+        b = r.run(DT)
+        o = min(r.capacity, float(b.rate))
+        opp += o / 100
+        prod += (r.solo - r.harm * o) / 100
+    assert abs(b.solo - 30_000) <= 0.03 * 30_000, f"the solo figure stayed at {b.solo:.0f}"
+    assert prod >= 0.96 * r.solo, f"production at {prod / r.solo:.3f} of solo"
+    assert opp >= 0.25 * r.capacity, f"opportunistic work ran at {opp:.0f} blocks/s of {r.capacity:.0f}"
+
+
 class Iterations(Rig):
     """Production as a training loop: whole iterations of `per_iteration` blocks, `per_s`
     a second alone and `shared` of that beside opportunistic work whatever its rate (the

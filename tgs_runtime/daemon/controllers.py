@@ -33,7 +33,14 @@ take turns at it (`take_turns`). Pure logic: no clocks, no I/O.
   not hold doubles the wait, up to 320 s (a change of load, job or pair starts afresh
   from the configured bound); if cuts still do not help soon after a profile (one cut
   when P fell far, two when it fell a few percent), production's present progress is
-  taken as its solo progress and the rate goes back to where it was. Decisions every
+  taken as its solo progress and the rate goes back to where it was. If cuts that help
+  a little have taken the rate to a tenth of what opportunistic work ran at and
+  production is still below, production is profiled once more in that run of
+  violations (a check: the rate stays where the cuts left it, and little opportunistic
+  work is queued to slow the profile down); a profile below the progress production was
+  held to replaces the solo figure (its own load fell with no idle moment: a lighter job,
+  or one of two production containers ending). Without the check a figure it could no
+  longer reach starved opportunistic work for good. Decisions every
   0.5 s on windows of up to 3 s: it reacts in seconds.
 - `tgs-paper` reproduces the original TGS code's controller for comparison: 5 s samples,
   a profile sample with the opportunistic job paused, slow start (x1.5 per sample), then
@@ -154,6 +161,7 @@ class FastController:
     RAMP = 1.4         # multiplicative increase while production holds
     LOAD_CHANGE = 0.10 # production's own load moved by this much: profile again
     ACCEPT_AFTER_PROFILE_S = 15.0  # cuts that do not help this soon after a profile: accept P
+    CHECK_PART = 0.1   # cuts down to this part of opportunistic work's rate leave production below: check S
     IDLE_S = 0.5       # production launched nothing this long: it is idle, opportunistic takes all
     PROFILES_KEPT = 8  # the solo figure is the mean of the last profiles of one load
     INFLIGHT_RETRY_S = 10.0       # the in-flight bound, lowered, is tried again after this
@@ -173,6 +181,9 @@ class FastController:
         self.profile_from = 0.0
         self.violations = 0
         self.violation_p = 0.0  # P when the current run of violations began
+        self.violation_o = 0.0   # opportunistic progress then
+        self.checking = False    # the profile under way checks the solo figure behind a lasting violation
+        self.checked = False     # the current run of violations has had its check
         self.cuts = 0           # rate cuts in the current run of violations
         self.drift_since: float | None = None
         self.profiled_at = float("-inf")
@@ -224,7 +235,7 @@ class FastController:
         rate = 0 if self.phase == Phase.PROFILE else UNLIMITED if self.phase in (Phase.FREE, Phase.SOLO) else self.rate
         return Budget(rate, self.inflight, self.phase != Phase.FREE, self.phase.value, self.solo, self.progress)
 
-    def _profile(self, t: float, periodic: bool = False) -> None:
+    def _profile(self, t: float, periodic: bool = False, check: bool = False) -> None:
         """Pauses opportunistic work to measure production alone. Only the periodic profile
         of a run of production keeps the earlier ones to average with: any other comes
         after a change (a new pair, a return from idle, a load change), and the load after
@@ -235,6 +246,7 @@ class FastController:
         if not periodic:
             self.profiles = []
             self._restore_inflight()
+        self.checking = check  # its end is `_checked`
         self.profile_from = t
         self.profiled_at = t
         self._change(t, Phase.PROFILE)
@@ -246,6 +258,24 @@ class FastController:
         same = mean is not None and abs(p - mean) <= self.LOAD_CHANGE * mean
         self.profiles = (self.profiles[-(self.PROFILES_KEPT - 1):] if same else []) + [p]
         self.solo = sum(self.profiles) / len(self.profiles)
+
+    def _checked(self, t: float, p: float, covered: float) -> None:
+        """The end of a profile that checked the solo figure behind a violation that cuts
+        eased but did not end. Production alone below the progress it was held to: its own
+        load fell (a lighter job, or one of two production jobs ended, with no idle moment
+        between), and the cuts were aimed at a figure it can no longer reach: the figure is
+        replaced. Otherwise it is one more profile of the same load. Either way the rate
+        goes on from where the cuts left it: against the figure now known it is cut further
+        or ramped back up within seconds."""
+        self.checking = False
+        self.drift_since = None
+        if covered > 0:
+            if p < (1 - self.cfg.tolerance) * (self.solo or 0.0):
+                self.profiles, self.solo = [p], p
+                self.violations = 0  # judged afresh against the new figure
+            else:
+                self._profiled(p)  # the run of violations goes on, checked once
+        self._change(t, Phase.RUN)
 
     def step(self, s: Sample) -> Budget:
         self.window.add(s)
@@ -285,6 +315,9 @@ class FastController:
             return self._budget()
         if self.phase == Phase.PROFILE:
             if t - self.profile_from + s.dt > self.cfg.profile_s + 1e-9:
+                if self.checking and s.opportunistic:
+                    self._checked(t, p, covered)
+                    return self._budget()
                 if covered > 0:
                     self._profiled(p)
                 self.violations = 0
@@ -336,8 +369,19 @@ class FastController:
             if self.violations == 0:
                 self.rate_good = self.rate
                 self.violation_p = p
+                self.violation_o = o
                 self.cuts = 0
+                self.checked = False
             self.violations += 1
+            if self.cuts and not self.checked and self.rate <= self.CHECK_PART * self.violation_o:
+                # the cuts have left at most a tenth of the harm opportunistic work did, and
+                # production is still below: is the solo figure still production's? (one it
+                # can no longer reach starved opportunistic work for good: every cut helped
+                # a little, so none was taken as not helping; measured now, with little
+                # opportunistic work queued, the profile is not one it slows down)
+                self.checked = True
+                self._profile(t, periodic=True, check=True)
+                return self._budget()
             # a 30 % cut brings back about 30 % of the harm opportunistic work does: against a
             # large fall one cut that brings back nothing says enough, against a few percent
             # it is within the noise (and its effect may not show within a second)

@@ -38,6 +38,16 @@ def test_rate_between_interpolates_on_arrival_times():
     assert job.rate_between(9.0, 11.0) != job.rate_between(9.0, 11.0)  # before the first report: NaN
 
 
+def test_a_window_that_ends_with_the_run_counts_its_last_iterations():
+    """The last periodic report of a 7.2 s run came at 7.0 s; the summary has the totals at
+    its end. A window up to the end is measured at the true rate (it lost 4 % before)."""
+    job = job_with([(k * 0.25, k * 25) for k in range(29)])  # 100 it/s, reports to 7.0 s
+    job.reports.append(Report(iterations_per_s=100.0, iterations=720, kernels=0, elapsed_s=7.2, summary=True))
+    job.arrivals.append(7.2)
+    assert job.rate(2.4, 7.2) == pytest.approx(100.0)
+    assert job.rate_between(2.4, 7.2) == pytest.approx(100.0)
+
+
 def test_settle_finds_when_a_rate_comes_back_and_stays():
     # 50 it/s for the first 3 s, then 100 it/s: settled once the rolling window is all at 100
     pts, its = [], 0

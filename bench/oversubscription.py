@@ -21,7 +21,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from bench.common import Echo, Outputs, machine, table
-from bench.lab import Lab
+from bench.lab import Job, Lab
 from tgs_runtime import sim
 from tgs_runtime.workload import Workload
 
@@ -45,13 +45,7 @@ def pair(lab: Lab, prod: Workload, opp: Workload, name: str, containers: tuple[d
     time.sleep(1.0)
     p = lab.run(prod, f"{name}-prod", containers[0])
     jobs = {"prod": p, "opp": o}
-    out = {}
-    for k, j in jobs.items():
-        rc = j.finish(prod.seconds + 120)  # None: it hung, and was killed
-        s = j.summary
-        out[k] = {"rate": j.rate(*window) if j.reports else 0.0, "rc": rc,
-                  "checksum_ok": None if s is None else s.checksum_ok,
-                  "error": (j.errors or [""])[-1][:300], "stderr": j.stderr[-600:]}
+    out = {k: outcome(j, prod.seconds + 120, window) for k, j in jobs.items()}
     after = lab.snapshot()  # simgpu's accounting: none on a real GPU
     if after is not None:
         ctx = sim.contexts(after)
@@ -60,6 +54,16 @@ def pair(lab: Lab, prod: Workload, opp: Workload, name: str, containers: tuple[d
             out[k]["pages_in"] = c.get("pages_in")
             out[k]["pages_out"] = c.get("pages_out")
     return out
+
+
+def outcome(j: Job, timeout: float, window: tuple[float, float]) -> dict:
+    """How one job ended: its rate over the window, exit status (None: it hung, and was
+    killed `timeout` s after it started waiting), checksum, last error and stderr."""
+    rc = j.finish(timeout)
+    s = j.summary
+    return {"rate": j.rate(*window) if j.reports else 0.0, "rc": rc,
+            "checksum_ok": None if s is None else s.checksum_ok,
+            "error": (j.errors or [""])[-1][:300], "stderr": j.stderr[-600:]}
 
 
 def failed(r: dict) -> bool:
@@ -77,11 +81,7 @@ def run(echo: Echo = print, quick: bool = False, json_path: Path | None = None) 
     with lab:
         echo(f"oversubscription on {gpu}: exclusive runs")
         for k, w in (("prod", prod), ("opp", opp)):
-            j = lab.run(w, f"excl-{k}")
-            rc = j.finish(seconds + 120)
-            res.setdefault("exclusive", {})[k] = {"rate": j.rate(*window), "rc": rc,
-                                                  "checksum_ok": j.summary.checksum_ok if j.summary else None,
-                                                  "error": (j.errors or [""])[-1][:300]}
+            res.setdefault("exclusive", {})[k] = outcome(lab.run(w, f"excl-{k}"), seconds + 120, window)
         echo(f"  exclusive: production {res['exclusive']['prod']['rate']:.1f} it/s, "
              f"opportunistic {res['exclusive']['opp']['rate']:.1f} it/s")
         if not real:

@@ -501,19 +501,18 @@ __attribute__((noinline)) static void timer_stop(struct tgs_gpu *g, CUstream s, 
  * kernel the full table cannot take: it stays new, and is timed whenever the timer is
  * free). */
 static void kernel_length_note(struct tgs_gpu *g, uintptr_t fn, uint64_t blocks, uint64_t t) {
+    uint64_t ns = t ? t : 1; /* a first reading, or one the full table cannot take */
     struct tgs_kernel_length *k = kernel_slot(g, fn, blocks, 1);
     if (k) {
-        uint64_t old = __atomic_load_n(&k->ns, __ATOMIC_RELAXED), readings = k->readings, ns;
-        if (!readings)
-            ns = t ? t : 1;
-        else if (readings == 1)
+        uint64_t old = __atomic_load_n(&k->ns, __ATOMIC_RELAXED), readings = k->readings;
+        if (readings == 1)
             ns = t && t < old ? t : old;
-        else
+        else if (readings > 1)
             ns = old - old / 4 + (t < 4 * old ? t : 4 * old) / 4;
         __atomic_store_n(&k->ns, ns, __ATOMIC_RELEASE);
         __atomic_store_n(&k->readings, readings + 1, __ATOMIC_RELEASE);
     }
-    fn_length_note(g, fn, blocks, k ? __atomic_load_n(&k->ns, __ATOMIC_RELAXED) : (t ? t : 1));
+    fn_length_note(g, fn, blocks, ns);
 }
 
 /* A timed kernel that has finished updates the estimate. */

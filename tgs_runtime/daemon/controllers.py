@@ -26,9 +26,12 @@ take turns at it (`take_turns`). Pure logic: no clocks, no I/O.
   half a second lifts the limit at once, and its return is profiled (it may be a new
   job). A production process that starts or ends (a new job; tgsd tells) restarts the
   measurement: the moment of the change, when production does less, is not taken for
-  harm. The first violation lowers the in-flight bound to one kernel instead; once the
-  rate is unlimited again and production has held for 10 s, the configured bound is
-  tried again (a bound of one costs opportunistic work the moments between its kernels:
+  harm; a second after it, progress outside [1 - tolerance, 1.1] times the solo figure
+  says the load changed with no idle moment to tell (one of two production jobs ended, a
+  lighter or heavier job took over, jobs starting together were profiled unsettled), and
+  production is profiled at once, from no rate limit. The first violation lowers the
+  in-flight bound to one kernel instead; once the rate is unlimited again and production
+  has held for 10 s, the configured bound is tried again (a bound of one costs opportunistic work the moments between its kernels:
   kept after one blip it would cost them for good), and each try that production does
   not hold doubles the wait, up to 320 s (a change of load, job or pair starts afresh
   from the configured bound); if cuts still do not help soon after a profile (one cut
@@ -38,9 +41,8 @@ take turns at it (`take_turns`). Pure logic: no clocks, no I/O.
   production is still below, production is profiled once more in that run of
   violations (a check: the rate stays where the cuts left it, and little opportunistic
   work is queued to slow the profile down); a profile below the progress production was
-  held to replaces the solo figure (its own load fell with no idle moment: a lighter job,
-  or one of two production containers ending). Without the check a figure it could no
-  longer reach starved opportunistic work for good. Decisions every
+  held to replaces the solo figure (its own load fell slowly within one job). Without the
+  check a figure it could no longer reach starved opportunistic work for good. Decisions every
   0.5 s on windows of up to 3 s: it reacts in seconds.
 - `tgs-paper` reproduces the original TGS code's controller for comparison: 5 s samples,
   a profile sample with the opportunistic job paused, slow start (x1.5 per sample), then
@@ -163,6 +165,7 @@ class FastController:
     ACCEPT_AFTER_PROFILE_S = 15.0  # cuts that do not help this soon after a profile: accept P
     CHECK_PART = 0.1   # cuts down to this part of opportunistic work's rate leave production below: check S
     IDLE_S = 0.5       # production launched nothing this long: it is idle, opportunistic takes all
+    TURNOVER_S = 1.0   # a production process started or ended: its load is judged this long after
     PROFILES_KEPT = 8  # the solo figure is the mean of the last profiles of one load
     INFLIGHT_RETRY_S = 10.0       # the in-flight bound, lowered, is tried again after this
     INFLIGHT_RETRY_MAX_S = 320.0  # ... doubled each time the try fails, up to this
@@ -194,6 +197,7 @@ class FastController:
         self.trying_since: float | None = None  # the configured bound is on trial since
         self.idle = False  # production attached but launching nothing
         self.processes: frozenset[int] = frozenset()  # production's, as of the last sample
+        self.turnover_at: float | None = None  # a production process started or ended then: judge the load
 
     def _change(self, t: float, phase: Phase | None = None, rate: int | None = None) -> None:
         if phase is not None:
@@ -246,6 +250,8 @@ class FastController:
         if not periodic:
             self.profiles = []
             self._restore_inflight()
+            if self.turnover_at is not None and t - self.turnover_at >= self.TURNOVER_S - 1e-9:
+                self.turnover_at = None  # the load after a turnover is measured now (sooner: its start)
         self.checking = check  # its end is `_checked`
         self.profile_from = t
         self.profiled_at = t
@@ -262,8 +268,8 @@ class FastController:
     def _checked(self, t: float, p: float, covered: float) -> None:
         """The end of a profile that checked the solo figure behind a violation that cuts
         eased but did not end. Production alone below the progress it was held to: its own
-        load fell (a lighter job, or one of two production jobs ended, with no idle moment
-        between), and the cuts were aimed at a figure it can no longer reach: the figure is
+        load fell (slowly, within one job: a turnover of processes is judged on its own),
+        and the cuts were aimed at a figure it can no longer reach: the figure is
         replaced. Otherwise it is one more profile of the same load. Either way the rate
         goes on from where the cuts left it: against the figure now known it is cut further
         or ramped back up within seconds."""
@@ -284,6 +290,7 @@ class FastController:
         p, o, covered = self.window.rates(since)
         self.progress = self.window.rates()[0]
         if not s.production:
+            self.turnover_at = None
             if self.phase != Phase.FREE:
                 self.solo, self.profiles = None, []
                 self._change(t, Phase.FREE, UNLIMITED)
@@ -297,6 +304,10 @@ class FastController:
                 self._restore_inflight()
                 self.violations = 0
                 self._change(t)
+            # production's load may have changed with no idle moment to say so: judged once
+            # the change has settled (without processes production is idle, and its return
+            # is profiled)
+            self.turnover_at = t if self.processes else None
         if self.phase == Phase.FREE:
             self._change(t, Phase.SOLO if not s.opportunistic else Phase.PROFILE)
             if self.phase == Phase.PROFILE:
@@ -305,6 +316,7 @@ class FastController:
         if self.phase == Phase.SOLO:
             if covered >= self.MIN_DATA_S:
                 self.solo = p
+                self.turnover_at = None  # measured alone since the change
             if s.opportunistic:
                 if self.solo is None:
                     self._profile(t)
@@ -341,6 +353,18 @@ class FastController:
             self.idle = False
             self._profile(t)
             return self._budget()
+        if self.turnover_at is not None and t - self.turnover_at >= self.TURNOVER_S - 1e-9 \
+                and covered >= self.TURNOVER_S / 2:
+            # a second after a production process started or ended: progress outside what
+            # the solo figure allows says the load changed (one of two production jobs
+            # ended, or a lighter or heavier job took over); measured alone at once, before
+            # cuts aimed at the old figure (or none where it grew) set the rate
+            self.turnover_at = None
+            solo = self.solo or 0.0
+            if not (1 - self.cfg.tolerance) * solo <= p <= (1 + self.LOAD_CHANGE) * solo:
+                self.rate_good = UNLIMITED  # a new load starts afresh, as after an idle spell
+                self._profile(t)
+                return self._budget()
         if t - self.decided_at < self.DECIDE_S or covered < self.MIN_DATA_S:
             return self._budget()
         self.decided_at = t

@@ -22,28 +22,28 @@ take turns at it (`take_turns`). Pure logic: no clocks, no I/O.
   opportunistic kernel) can sit just inside the tolerance, so a short window takes noise
   for harm (the isolation bench's 75 % duty lost a fifth of its idle time to that).
   Production's own load growing (P above S by 10 % for half a second) or falling (cuts
-  that do not bring P back) triggers a new profile. Production launching nothing for
-  half a second lifts the limit at once, and its return is profiled (it may be a new
-  job). A production process that starts or ends (a new job; tgsd tells) restarts the
-  measurement: the moment of the change, when production does less, is not taken for
-  harm; a second after it, progress outside [1 - tolerance, 1.1] times the solo figure
-  says the load changed with no idle moment to tell (one of two production jobs ended, a
-  lighter or heavier job took over, jobs starting together were profiled unsettled), and
-  production is profiled at once, from no rate limit. The first violation lowers the
-  in-flight bound to one kernel instead; once the rate is unlimited again and production
-  has held for 10 s, the configured bound is tried again (a bound of one costs opportunistic work the moments between its kernels:
-  kept after one blip it would cost them for good), and each try that production does
-  not hold doubles the wait, up to 320 s (a change of load, job or pair starts afresh
-  from the configured bound); if cuts still do not help soon after a profile (one cut
-  when P fell far, two when it fell a few percent), production's present progress is
-  taken as its solo progress and the rate goes back to where it was. If cuts that help
-  a little have taken the rate to a tenth of what opportunistic work ran at and
-  production is still below, production is profiled once more in that run of
-  violations (a check: the rate stays where the cuts left it, and little opportunistic
-  work is queued to slow the profile down); a profile below the progress production was
-  held to replaces the solo figure (its own load fell slowly within one job). Without the
-  check a figure it could no longer reach starved opportunistic work for good. Decisions every
-  0.5 s on windows of up to 3 s: it reacts in seconds.
+  that do not bring P back) triggers a new profile. Production launching nothing for half
+  a second lifts the limit at once, and its return is profiled (it may be a new job). A
+  production process that starts or ends (a new job; tgsd tells) restarts the measurement:
+  the moment of the change, when production does less, is not taken for harm; a second
+  after it, progress outside [1 - tolerance, 1.1] times the solo figure says the load
+  changed with no idle moment to tell (one of two production jobs ended, a lighter or
+  heavier job took over, jobs starting together were profiled unsettled), and production
+  is profiled at once, from no rate limit. The first violation lowers the in-flight bound
+  to one kernel instead; once the rate is unlimited again and production has held for
+  10 s, the configured bound is tried again (a bound of one costs opportunistic work the
+  moments between its kernels: kept after one blip it would cost them for good), and each
+  try that production does not hold doubles the wait, up to 320 s (a change of load, job
+  or pair starts afresh from the configured bound); if cuts still do not help soon after a
+  profile (one cut when P fell far, two when it fell a few percent), production's present
+  progress is taken as its solo progress and the rate goes back to where it was. If cuts
+  that help a little have taken the rate to a tenth of what opportunistic work ran at and
+  production is still below, production is profiled once more in that run of violations (a
+  check: the rate stays where the cuts left it, and little opportunistic work is queued to
+  slow the profile down); a profile below the progress production was held to replaces the
+  solo figure (its own load fell slowly within one job). Without the check a figure it
+  could no longer reach starved opportunistic work for good. Decisions every 0.5 s on
+  windows of up to 3 s: it reacts in seconds.
 - `tgs-paper` reproduces the original TGS code's controller for comparison: 5 s samples,
   a profile sample with the opportunistic job paused, slow start (x1.5 per sample), then
   additive increase, 8 % decrease when production falls more than 3 % below its solo

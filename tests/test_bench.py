@@ -130,6 +130,21 @@ def test_the_dynamics_plot_draws_one_controller_as_well_as_two():
         assert len(plot(runs, 10.0).axes) == len(runs)
 
 
+def test_the_handover_judges_production_against_the_pair_then_against_one_job_alone():
+    """dynamics' last two phases: two production jobs at 25 % duty leave half the GPU idle
+    and are each held to one job's throughput beside the other; once one ends, the other is
+    held to its throughput alone, with three quarters idle. The second job's reports are
+    judged by the phase they fall in."""
+    from bench.dynamics import SCHEDULE, Jobs, phase_at
+
+    pair, after = SCHEDULE[-2], SCHEDULE[-1]
+    assert (pair.jobs, after.jobs) == (Jobs.PAIR, Jobs.NONE) and pair.duty == after.duty == 0.25
+    assert (pair.solo, pair.idle) == ("pair 0.25", 0.5)
+    assert (after.solo, after.idle) == ("0.25", 0.75)
+    spans = [(100.0, 110.0, pair), (110.0, 120.0, after)]
+    assert [phase_at(spans, t) for t in (105.0, 110.0, 125.0)] == [pair, after, after]
+
+
 def test_the_mps_baseline_gives_the_opportunistic_job_the_idle_share_of_the_sms_at_low_priority():
     from bench import mps
 

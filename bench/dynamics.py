@@ -98,11 +98,12 @@ def run(echo: Echo = print, quick: bool = False, json_path: Path | None = None) 
             j = lab.run(production(d, 4, report_s=REPORT_S, warmup_s=0), f"solo-{d}")
             j.wait()
             solo[str(d)] = j.rate(1, 4)
-        for d in sorted({p.duty for p in SCHEDULE if p.jobs is Jobs.PAIR}):
-            pair = [lab.run(production(d, 4, report_s=REPORT_S, warmup_s=0), f"solo-pair-{d}-{i}") for i in (1, 2)]
+        for ph in [p for p in SCHEDULE if p.jobs is Jobs.PAIR]:
+            pair = [lab.run(production(ph.duty, 4, report_s=REPORT_S, warmup_s=0), f"solo-pair-{ph.duty}-{i}")
+                    for i in (1, 2)]
             for j in pair:
                 j.wait()
-            solo[f"pair {d}"] = sum(j.rate(1, 4) for j in pair) / 2
+            solo[ph.solo] = sum(j.rate(1, 4) for j in pair) / 2
         echo("  " + ", ".join(f"{k}: {v:.1f} it/s" for k, v in solo.items()))
     runs: dict = {}
     for controller in wanted:

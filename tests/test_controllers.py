@@ -351,15 +351,22 @@ def test_a_small_lasting_violation_is_still_cut_within_seconds():
     assert r.budget.rate != UNLIMITED and (i + 1) * DT <= 5.0, "a lasting violation is acted on within 5 s"
 
 
-def test_a_few_percent_of_harm_that_answers_late_is_cut_not_accepted():
-    """Harm that follows the rate with a 1.5 s lag (work queued before a cut still runs):
-    one cut that shows nothing after a second is no proof that production changed."""
-    r = Rig(fast(), lag_s=1.5)
+def harm_that_answers_late(harm: float, lag_s: float) -> Rig:
+    """A rig past its profile, where opportunistic work now costs production `harm` blocks
+    per block, `lag_s` after it runs, and that much is already queued."""
+    r = Rig(fast(), lag_s=lag_s)
     r.run(2, opportunistic=False)
     while r.run(DT).state != "run":  # the profile
         pass
-    r.harm = 0.03  # at full opportunistic rate production is 6 % slower
-    r.queued = collections.deque([r.capacity] * len(r.queued))  # and that much is already queued
+    r.harm = harm
+    r.queued = collections.deque([r.capacity] * len(r.queued))
+    return r
+
+
+def test_a_few_percent_of_harm_that_answers_late_is_cut_not_accepted():
+    """Harm that follows the rate with a 1.5 s lag (work queued before a cut still runs):
+    one cut that shows nothing after a second is no proof that production changed."""
+    r = harm_that_answers_late(0.03, 1.5)  # at full opportunistic rate production is 6 % slower
     r.run(30)
     assert r.budget.solo >= 0.97 * r.solo, f"took {r.budget.solo:.0f} blocks/s for production's solo {r.solo:.0f}"
     assert r.budget.rate != UNLIMITED
@@ -372,12 +379,7 @@ def test_a_large_harm_that_answers_late_is_cut_not_accepted(harm, lag_s):
     reading its evicted memory over the bus, answer a cut late; taking one such cut for
     proof, tgsd accepted 0.85 of production's solo progress as its new solo figure in the
     oversubscription benchmark, and production ran at 0.88 of exclusive)."""
-    r = Rig(fast(), lag_s=lag_s)
-    r.run(2, opportunistic=False)
-    while r.run(DT).state != "run":  # the profile
-        pass
-    r.harm = harm
-    r.queued = collections.deque([r.capacity] * len(r.queued))
+    r = harm_that_answers_late(harm, lag_s)
     r.run(20)
     before = r.produced
     r.run(10)

@@ -687,6 +687,7 @@ static uint64_t opportunistic_admit(struct tgs_gpu *g, struct launch *L, uintptr
     L->new_kernel = timing && !kn.twice;
     uint64_t k = timing ? kernel_expected(g, kn) : 0; /* read only when timing */
     uint64_t cost = kernel_cost(kn);
+    int paid = 0; /* tokens are spent once per launch, however often production makes it wait */
     for (;;) {
         for (;;) {
             if (must_wait_for_production(g, now))
@@ -703,8 +704,13 @@ static uint64_t opportunistic_admit(struct tgs_gpu *g, struct launch *L, uintptr
         L->cost_ns = max ? cost : 0;
         if (max && inflight_wait(g, L->bound_ns, L->cost_ns))
             now = tgs_now();
-        take_tokens(g, blocks, &now);
-        /* production may have started, or come due, while this thread waited: look again */
+        if (!paid) {
+            take_tokens(g, blocks, &now);
+            paid = 1;
+        }
+        /* production may have started, or come due, while this thread waited: look again
+         * (the tokens stay spent: paying at each look, a launch beside a busy production
+         * could wait for ever while its budget went unused) */
         if (now == before || !must_hold_back(g, now, anticipate, k))
             break;
     }

@@ -14,8 +14,10 @@ take turns at it (`take_turns`). Pure logic: no clocks, no I/O.
   averaged (the last 8, while they agree within 10 %; a load change, an idle spell or an
   accepted fall starts afresh). Opportunistic work starts unthrottled (the shims' gating
   already keeps it out of production's way); when production's progress P falls below (1 -
-  tolerance) * S, the rate is cut multiplicatively and then ramped back while P holds. P is
-  judged over 1-2 s; but a marginal violation (P above (1 - 2 * tolerance) * S) that would
+  tolerance) * S, the rate is cut multiplicatively and then ramped back while P holds (the
+  limit goes at once when opportunistic work uses less than half of it: it holds nothing
+  back; the shim spends a launch's tokens once, however long production makes it wait, so
+  a rate left unused is one the job does not need). P is judged over 1-2 s; but a marginal violation (P above (1 - 2 * tolerance) * S) that would
   start cutting counts only when 2.5-3 s of data show it: counted, a second's progress is
   known only to about one iteration, and sharing's own small cost (production waiting
   behind one opportunistic kernel) can sit just inside the tolerance, so a short window

@@ -81,6 +81,21 @@ def test_harm_is_cut_until_production_holds():
     assert b.rate >= 1000, "opportunistic work is not starved"
 
 
+def test_a_limit_the_opportunistic_job_leaves_unused_is_lifted_within_seconds():
+    """A job that needs little (here 1,000 blocks/s, after a heavy phase was cut) is not
+    ramped step by step towards a limit that holds nothing back: the limit goes. (The
+    shim must then spend a launch's tokens only once: paying at every look, a job that
+    needed its rate ran below half of it and lost its limit too, tests/test_shim_compute.py.)"""
+    r = Rig(fast(), harm=0.2)
+    r.run(2, opportunistic=False)
+    assert r.run(15).rate != UNLIMITED, "harm was cut"
+    r.capacity = 1_000.0  # the job's light phase: it launches this much whatever its rate
+    for i in range(50):
+        if r.run(DT).rate == UNLIMITED:
+            break
+    assert r.budget.rate == UNLIMITED and (i + 1) * DT <= 3.0, f"rate {r.budget.rate} after {(i + 1) * DT:.1f} s"
+
+
 def test_idle_production_frees_opportunistic_within_a_second_and_is_protected_on_return():
     r = Rig(fast(), harm=0.2)
     r.run(2, opportunistic=False)

@@ -66,14 +66,14 @@ def test_production_keeps_its_engine_beside_a_budgeted_opportunistic_job(simgpu,
 def test_a_launch_pays_for_its_blocks_once_however_often_production_makes_it_wait(simgpu, container, libshim):
     """Tokens are spent once per launch: a launch that waited for them and then finds
     production busy, or due before its kernel would end, waits for production again
-    without paying again. Paying at each look, a job budgeted 20 kernels/s ran almost
-    nothing beside production (oversubscription benchmark: no kernel for a second at 5,800
+    without paying again. Paying at each look, a job budgeted 20 kernels/s ran none
+    beside production (oversubscription benchmark: no kernel for a second at 5,800
     blocks/s, 44 kernels' worth), so tgsd took the rate for unused and lifted it, and
     production lost its protection."""
     prod = container(proto.Class.PRODUCTION, "prod")
     opp = container(proto.Class.OPPORTUNISTIC, "opp")
     opp.control.set_budget(0, rate=BLOCKS * 20, burst=BLOCKS, inflight=1, gate=True, anticipate=True)
-    # production busy 4 ms of each 7; the opportunistic kernel (2 ms) fits only a gap's first 1-2 ms
+    # production busy 4 ms of each 7; the opportunistic kernel (2 ms) fits a gap only from its start
     p = simgpu.workload(Workload(kernel_us=1000, kernels=4, gap_us=3000, seconds=6, report_s=0.5), "prod",
                         prod.env(libshim.shim))
     o = simgpu.workload(Workload(kernel_us=2000, kernels=4, seconds=30, report_s=0.5), "opp", opp.env(libshim.shim))

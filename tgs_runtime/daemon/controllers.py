@@ -17,11 +17,12 @@ take turns at it (`take_turns`). Pure logic: no clocks, no I/O.
   tolerance) * S, the rate is cut multiplicatively and then ramped back while P holds (the
   limit goes at once when opportunistic work uses less than half of it: it holds nothing
   back; the shim spends a launch's tokens once, however long production makes it wait, so
-  a rate left unused is one the job does not need). P is judged over 1-2 s; but a marginal violation (P above (1 - 2 * tolerance) * S) that would
-  start cutting counts only when 2.5-3 s of data show it: counted, a second's progress is
-  known only to about one iteration, and sharing's own small cost (production waiting
-  behind one opportunistic kernel) can sit just inside the tolerance, so a short window
-  takes noise for harm (the isolation bench's 75 % duty lost a fifth of its idle time to
+  a rate left unused is one the job does not need). P is judged over 1-2 s; but a
+  marginal violation (P above (1 - 2 * tolerance) * S) that would start cutting counts
+  only when 2.5-3 s of data show it: counted, a second's progress is known only to about
+  one iteration, and sharing's own small cost (production waiting behind one
+  opportunistic kernel) can sit just inside the tolerance, so a short window takes noise
+  for harm (the isolation bench's 75 % duty lost a fifth of its idle time to
   that). Production's own load growing (P above S by 10 % for half a second) or falling
   (cuts that do not bring P back) triggers a new profile. Production launching nothing for
   half a second lifts the limit at once, and its return is profiled (it may be a new job).

@@ -22,6 +22,25 @@ HALF = Workload.with_duty(0.5, period_ms=20, kernels=10, seconds=9, report_s=0.5
 HOG = Workload(kernel_us=1000, kernels=10, seconds=9, report_s=0.5)
 
 
+def test_a_production_container_without_processes_leaves_the_other_timed():
+    """Production's progress is timed from the marks of the one production container on
+    the GPU that has processes; one registered for a later job does not turn timing off."""
+    from types import SimpleNamespace
+
+    from tgs_runtime.daemon.service import _mark
+
+    def container(cid, processes, mark):
+        control = SimpleNamespace(iteration_mark=lambda slot: mark)
+        return SimpleNamespace(id=cid, processes=processes, control=control), 0
+
+    running = container("a", {1: object()}, (2_000_000_000, 5400))
+    waiting = container("b", {}, None)
+    m = _mark([running, waiting])
+    assert m is not None and (m.source, m.t, m.blocks) == ("a", 2.0, 5400)
+    assert _mark([running, container("c", {2: object()}, (1_000_000_000, 10))]) is None, \
+        "two running production containers: marks of one do not time both"
+
+
 def busy(simgpu, labels, seconds):
     return sim.busy_between(*simgpu.snapshots(seconds))
 

@@ -80,7 +80,7 @@ class Sample:
     opportunistic_blocks: int  # launched by opportunistic containers
     production: bool           # a production container is attached to the GPU
     opportunistic: bool        # an opportunistic container is
-    mark: Mark | None = None   # production's latest iteration start (one production container only)
+    mark: Mark | None = None   # production's latest iteration start (sole production container with processes)
     # production's processes on the GPU (tgsd's ids of those with an activity slot): one
     # that starts or ends changes production's load, and the moment of the change is no
     # measure of sharing's harm

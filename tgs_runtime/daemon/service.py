@@ -717,10 +717,16 @@ class Daemon:
 
 
 def _mark(prod) -> Mark | None:
-    """The production container's latest iteration start, when it is alone on the GPU."""
-    if len(prod) != 1:
+    """The production container's latest iteration start, when it is the only one on the
+    GPU with processes: its marks then time all of production's progress. A production
+    container with none (registered for a job still to come, or between jobs) launches
+    nothing; counted it would stop the timing of the other (the dynamics benchmark, whose
+    second container waits for the pair phase, was counted throughout, and a count over
+    half a second, off by an iteration in 25, took noise for a load change)."""
+    live = [(c, slot) for c, slot in prod if c.processes]
+    if len(live) != 1:
         return None
-    c, slot = prod[0]
+    c, slot = live[0]
     m = c.control.iteration_mark(slot)
     return None if m is None else Mark(c.id, m[0] / 1e9, m[1])
 

@@ -64,7 +64,7 @@ def test_production_keeps_its_engine_and_opportunistic_gets_the_idle_half(simgpu
     assert 0.4 <= alone <= 0.55, f"the production job alone keeps the engine busy {alone:.2f} of the time"
     assert prod_share >= 0.9 * alone, f"production: {prod_share:.3f} of the engine shared, {alone:.3f} alone"
     # 0.78-0.98 of the idle time when run alone here, 0.54 once in a full run on this 2-core
-    # machine: the controller takes production's measurement noise for harm (docs/results.md,
+    # machine: the controller takes production's measurement noise for harm (docs/results/history.md,
     # isolation). The paper's controller gets about a quarter: 0.4 still tells them apart.
     assert opp_share >= 0.4 * (1 - alone), f"opportunistic got {opp_share:.3f} of the engine; idle was {1 - alone:.3f}"
     state = d.status()["gpus"][0]["controller"]
@@ -124,7 +124,7 @@ def test_opportunistic_work_goes_on_when_one_of_two_production_jobs_ends(simgpu,
     ends the controller sees production outside its figure and profiles it, and
     opportunistic work keeps its part of the idle time from then on. Before, cuts aimed
     at the pair's figure took most of it for seconds (and, before the check, for good:
-    docs/results.md, the eighth and ninth sessions)."""
+    docs/results/history.md, the eighth and ninth sessions)."""
     d = tgsd("[control]\nanticipate = false")
     a, b, opp = d.register("production"), d.register("production"), d.register("opportunistic")
     quarter = lambda seconds: Workload.with_duty(0.25, period_ms=20, kernels=10, seconds=seconds, report_s=0.5)

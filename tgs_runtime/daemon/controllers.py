@@ -249,7 +249,7 @@ class FastController:
         it starts from the configured in-flight bound, as from no rate limit: a bound of
         one, taken against the last load's harm, costs opportunistic work the moments
         between one of its kernels ending and the next being launched (a fifth of the
-        idle time beside 75 % duty on simgpu, docs/results.md, dynamics)."""
+        idle time beside 75 % duty on simgpu, docs/results/history.md, dynamics)."""
         if not periodic:
             self.profiles = []
             self._restore_inflight()

@@ -23,11 +23,12 @@ HOG = Workload(kernel_us=1000, kernels=10, seconds=9, report_s=0.5)
 
 
 def test_a_production_container_without_processes_leaves_the_other_timed():
-    """Production's progress is timed from the marks of the one production container on
-    the GPU that has processes; one registered for a later job does not turn timing off."""
+    """Production's progress is timed from the marks of each production container on the
+    GPU that has processes; one registered for a later job does not turn timing off, and
+    one that has processes but no mark yet leaves production counted."""
     from types import SimpleNamespace
 
-    from tgs_runtime.daemon.service import _mark
+    from tgs_runtime.daemon.service import _marks
 
     def container(cid, processes, mark):
         control = SimpleNamespace(iteration_mark=lambda slot: mark)
@@ -35,10 +36,11 @@ def test_a_production_container_without_processes_leaves_the_other_timed():
 
     running = container("a", {1: object()}, (2_000_000_000, 5400))
     waiting = container("b", {}, None)
-    m = _mark([running, waiting])
-    assert m is not None and (m.source, m.t, m.blocks) == ("a", 2.0, 5400)
-    assert _mark([running, container("c", {2: object()}, (1_000_000_000, 10))]) is None, \
-        "two running production containers: marks of one do not time both"
+    assert [(m.source, m.t, m.blocks) for m in _marks([running, waiting])] == [("a", 2.0, 5400)]
+    other = container("c", {2: object()}, (1_000_000_000, 10))
+    assert [m.source for m in _marks([running, other])] == ["a", "c"], "two running jobs: each timed"
+    assert _marks([running, container("d", {3: object()}, None)]) == (), \
+        "a running job without marks: production is counted"
 
 
 def busy(simgpu, labels, seconds):

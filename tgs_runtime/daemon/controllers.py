@@ -80,7 +80,8 @@ class Sample:
     opportunistic_blocks: int  # launched by opportunistic containers
     production: bool           # a production container is attached to the GPU
     opportunistic: bool        # an opportunistic container is
-    mark: Mark | None = None   # production's latest iteration start (sole production container with processes)
+    # the latest iteration start of each production container with processes, when all have one
+    marks: tuple[Mark, ...] = ()
     # production's processes on the GPU (tgsd's ids of those with an activity slot): one
     # that starts or ends changes production's load, and the moment of the change is no
     # measure of sharing's harm
@@ -99,11 +100,13 @@ class Budget:
 
 class Window:
     """The samples of the last `span` seconds. Production's progress over a stretch is
-    timed from its first iteration start in it to its last when the shim marks them and
-    they span most of it (exact, where counting a stretch's blocks is off by up to one
-    iteration: 2 % of a second of a 50 it/s job, far more of a PyTorch job's few
+    timed from iteration start to iteration start when the shims mark them: each
+    production container's blocks from its first start in the stretch to its last, over
+    the time between, summed over the containers, when every container's starts span most
+    of the stretch (exact, where counting a stretch's blocks is off by up to one iteration
+    of each job: 2 % of a second of a 50 it/s job, far more of a PyTorch job's few
     iterations per second); otherwise it is the blocks counted over the stretch."""
-    TIMED_SPAN = 0.5  # iteration starts must span this part of the stretch
+    TIMED_SPAN = 0.5  # each container's iteration starts must span this part of the stretch
 
     def __init__(self, span: float):
         self.span = span
@@ -128,15 +131,21 @@ class Window:
         return (p / dt if timed is None else timed), o / dt, dt
 
     def _timed(self, since: float, covered: float) -> float | None:
-        marks = [s.mark for s in self.items if s.mark is not None and s.mark.t >= since - 1e-9]
-        if not marks:
-            return None
-        last = marks[-1]
-        first = next(m for m in marks if m.source == last.source)
-        span = last.t - first.t
-        if span < self.TIMED_SPAN * covered or last.blocks <= first.blocks:
-            return None
-        return (last.blocks - first.blocks) / span
+        """The containers are those of the latest sample's marks (none: counted); one
+        whose starts in the stretch do not span enough of it (a new job, an idle one)
+        leaves the stretch counted."""
+        latest = self.items[-1].marks if self.items else ()
+        total = 0.0
+        for source in {m.source for m in latest}:
+            marks = [m for s in self.items for m in s.marks if m.source == source and m.t >= since - 1e-9]
+            if not marks:
+                return None
+            first, last = marks[0], marks[-1]
+            span = last.t - first.t
+            if span < self.TIMED_SPAN * covered or last.blocks <= first.blocks:
+                return None
+            total += (last.blocks - first.blocks) / span
+        return total if latest else None
 
     def quiet_s(self) -> float:
         """Seconds at the end of the window in which production launched nothing."""

@@ -586,7 +586,7 @@ class Daemon:
         prod = [(c, s) for c, s in members if c.cls == proto.Class.PRODUCTION]
         opp = [(c, s) for c, s in members if c.cls == proto.Class.OPPORTUNISTIC]
         procs = frozenset(p.id for c, _ in prod for p in c.processes.values() if p.slot != proto.NO_SLOT)
-        budget = st.controller.step(Sample(now, dt, prod_blocks, opp_blocks, bool(prod), bool(opp), _mark(prod), procs))
+        budget = st.controller.step(Sample(now, dt, prod_blocks, opp_blocks, bool(prod), bool(opp), _marks(prod), procs))
         # a container none of whose processes has connected yet does not take part in the split
         claimants = [Claimant(c.id, c.attained(), c.achieved[s], c.budget[s], c.order) for c, s in opp if c.processes]
         rates = split(self.cfg.control.share, budget.rate, claimants, st.share, self.cfg.control.las_min_share,
@@ -716,19 +716,23 @@ class Daemon:
                 "gpus": gpus}
 
 
-def _mark(prod) -> Mark | None:
-    """The production container's latest iteration start, when it is the only one on the
-    GPU with processes: its marks then time all of production's progress. A production
-    container with none (registered for a job still to come, or between jobs) launches
-    nothing; counted it would stop the timing of the other (the dynamics benchmark, whose
-    second container waits for the pair phase, was counted throughout, and a count over
-    half a second, off by an iteration in 25, took noise for a load change)."""
-    live = [(c, slot) for c, slot in prod if c.processes]
-    if len(live) != 1:
-        return None
-    c, slot = live[0]
-    m = c.control.iteration_mark(slot)
-    return None if m is None else Mark(c.id, m[0] / 1e9, m[1])
+def _marks(prod) -> tuple[Mark, ...]:
+    """The latest iteration start of each production container on the GPU with processes,
+    when every one of them has marked one: each container's marks time its own progress.
+    Otherwise none (production is counted). A production container without processes
+    (registered for a job still to come, or between jobs) launches nothing and is left out:
+    counted, it turned the timing of the other off (the dynamics benchmark, whose second
+    container waits for the pair phase, was counted throughout, and a count over half a
+    second, off by an iteration in 25, took noise for a load change)."""
+    marks = []
+    for c, slot in prod:
+        if not c.processes:
+            continue
+        m = c.control.iteration_mark(slot)
+        if m is None:
+            return ()
+        marks.append(Mark(c.id, m[0] / 1e9, m[1]))
+    return tuple(marks)
 
 
 def _rate_text(rate: int) -> str:

@@ -74,11 +74,32 @@ def test_a_new_pair_profiles_for_at_most_a_second():
 def test_harm_is_cut_until_production_holds():
     r = Rig(fast(), harm=0.2)  # at 100k opportunistic blocks/s production would lose 40 %
     r.run(2, opportunistic=False)
-    b = r.run(15)
-    prod = r.solo - 0.2 * min(r.capacity, float(b.rate))
+    r.run(15)
+    before = r.produced
+    b = r.run(10)
+    prod = (r.produced - before) / 10  # the ramp probes the edge and the cuts answer: on average
     assert b.rate != UNLIMITED and b.inflight == 1
-    assert prod >= 0.96 * r.solo, f"production at {prod / r.solo:.3f} of solo, opportunistic rate {b.rate}"
+    assert prod >= 0.955 * r.solo, f"production at {prod / r.solo:.3f} of solo over 10 s, opportunistic rate {b.rate}"
     assert b.rate >= 1000, "opportunistic work is not starved"
+
+
+def test_a_deep_fall_is_cut_to_about_the_tolerance_at_once():
+    """Opportunistic work that starts unlimited and costs production 20 % (long kernels
+    reading evicted memory over the bus, answering half a second late): the first cut
+    keeps about tolerance / fall of it, where 30 % cuts took six steps to get there, with
+    production at 0.80-0.90 all the while (0.946 of exclusive over the oversubscription
+    benchmark's window in one run, docs/results/history.md, the thirteenth session)."""
+    r = Rig(fast(), harm=0.1, lag_s=0.5)  # 100k opportunistic blocks/s cost production 20 %
+    r.queued = collections.deque([0.0] * len(r.queued))
+    r.run(2, opportunistic=False)
+    before, rates = r.produced, []
+    for _ in range(round(8 / DT)):
+        b = r.run(DT)
+        if b.rate != UNLIMITED and (not rates or rates[-1] != b.rate):
+            rates.append(b.rate)
+    prod = (r.produced - before) / 8  # 0.904 by 30 % cuts
+    assert rates and rates[0] <= 0.3 * r.capacity, f"the first cut left {rates[0]} of {r.capacity:.0f} blocks/s"
+    assert prod >= 0.93 * r.solo, f"production at {prod / r.solo:.3f} of solo over the first 8 s"
 
 
 def test_a_limit_the_opportunistic_job_leaves_unused_is_lifted_within_seconds():
@@ -104,9 +125,11 @@ def test_idle_production_frees_opportunistic_within_a_second_and_is_protected_on
     assert r.run(1.0).rate == UNLIMITED, "an idle production leaves opportunistic work the whole GPU"
     r.run(5)
     r.solo = solo  # the next production job starts
-    b = r.run(15)
-    prod = r.solo - 0.2 * min(r.capacity, float(b.rate))
-    assert b.rate != UNLIMITED and prod >= 0.96 * r.solo, f"production at {prod / r.solo:.3f} once back"
+    r.run(10)
+    before = r.produced
+    b = r.run(10)
+    prod = (r.produced - before) / 10
+    assert b.rate != UNLIMITED and prod >= 0.955 * r.solo, f"production at {prod / r.solo:.3f} once back"
 
 
 def test_a_production_job_after_an_idle_spell_starts_from_no_limit():

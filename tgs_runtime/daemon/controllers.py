@@ -136,8 +136,10 @@ class Window:
         whose starts in the stretch do not span enough of it (a new job, an idle one)
         leaves the stretch counted."""
         latest = self.items[-1].marks if self.items else ()
+        if not latest:
+            return None
         total = 0.0
-        for source in {m.source for m in latest}:
+        for source in (m.source for m in latest):
             marks = [m for s in self.items for m in s.marks if m.source == source and m.t >= since - 1e-9]
             if not marks:
                 return None
@@ -146,7 +148,7 @@ class Window:
             if span < self.TIMED_SPAN * covered or last.blocks <= first.blocks:
                 return None
             total += (last.blocks - first.blocks) / span
-        return total if latest else None
+        return total
 
     def quiet_s(self) -> float:
         """Seconds at the end of the window in which production launched nothing."""
@@ -305,11 +307,9 @@ class FastController:
         back to about the tolerance in one cut, and the ramp then finds the edge from
         below; by 30 % cuts alone, an opportunistic job that started unlimited and cost
         production 12 % took five cuts (6 s) to rein in, with production at 0.88-0.94 all the
-        while (0.946 of exclusive over the benchmark's window in one run)."""
-        shortfall = 1 - p / solo if solo > 0 else 0.0
-        if shortfall <= 0:
-            return self.CUT
-        return min(self.CUT, max(self.CUT_MIN, self.cfg.tolerance / shortfall))
+        while (0.946 of exclusive over the benchmark's window in one run). Called on a
+        violation: p is below (1 - tolerance) * solo, so the shortfall is above the tolerance."""
+        return min(self.CUT, max(self.CUT_MIN, self.cfg.tolerance / (1 - p / solo)))
 
     def step(self, s: Sample) -> Budget:
         self.window.add(s)

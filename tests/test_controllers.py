@@ -50,8 +50,11 @@ def fast(**kw):
 
 
 def test_no_production_means_no_limit():
-    b = Rig(fast()).run(2, production=False)
-    assert (b.rate, b.gate, b.state) == (UNLIMITED, False, "free")
+    r = Rig(fast())
+    b = r.run(2, production=False)
+    assert (b.rate, b.gate, b.inflight, b.state) == (UNLIMITED, False, 0, "free"), "not even the in-flight bound"
+    b = r.run(0.2)
+    assert b.gate and b.inflight == 2, "production arrives: the gate and the configured bound"
 
 
 def test_production_alone_is_its_solo_progress_and_opportunistic_starts_free():
@@ -454,6 +457,26 @@ def test_a_large_harm_that_answers_late_is_cut_not_accepted(harm, lag_s):
     assert r.budget.solo >= 0.97 * r.solo, f"took {r.budget.solo:.0f} blocks/s for production's solo {r.solo:.0f}"
     prod = (r.produced - before) / 10  # 0.952 and 0.943 (cuts and ramps answered late)
     assert prod >= 0.93 * r.solo, f"production at {prod / r.solo:.3f} of solo over the last 10 s"
+
+
+def test_a_fall_of_production_s_own_undoes_the_in_flight_bound_with_the_rate():
+    """Production's profile caught its warm-up (a PyTorch job's first seconds launch about
+    three times the blocks of its steady state, H100); its fall to its steady state is no
+    harm: once two cuts bring nothing back, the lower figure is accepted, and the rate and
+    the in-flight bound both go back to where they were, not the rate alone (the bound,
+    left at one, cost the opportunistic job until its retry 10 s later)."""
+    r = Rig(fast(), solo=90_000.0)
+    while r.run(DT).state != "run":  # production's start is profiled
+        pass
+    r.run(1)
+    r.solo = 33_000.0  # the warm-up ends
+    seen = []
+    for _ in range(round(6 / DT)):
+        seen.append(r.run(DT))
+    assert min(b.inflight for b in seen) == 1 and min(b.rate for b in seen) < UNLIMITED, "it was taken for harm first"
+    b = seen[-1]
+    assert abs(b.solo - 33_000) <= 1_000, f"accepted {b.solo:.0f}"
+    assert (b.rate, b.inflight) == (UNLIMITED, 2), (b.rate, b.inflight)
 
 
 def test_profiles_of_one_load_are_averaged_and_a_new_load_starts_afresh():

@@ -7,7 +7,8 @@ bound and whether opportunistic launches wait for production. A sharing policy t
 splits the total among the GPU's opportunistic containers, and behind production they
 take turns at it (`take_turns`). Pure logic: no clocks, no I/O.
 
-- `fast` (the default): production's solo progress S comes from periods when it runs alone,
+- `fast` (the default): without production on the GPU, opportunistic work has no limit, no
+  gate and no in-flight bound. Production's solo progress S comes from periods when it runs alone,
   or from a short profile (opportunistic paused, <= 1 s). Progress is timed from iteration
   start to iteration start where the shim marks them (see `Window`), else counted, which
   knows S only to about one iteration; the periodic profiles of one run of production are
@@ -40,7 +41,8 @@ take turns at it (`take_turns`). Pure logic: no clocks, no I/O.
   hold doubles the wait, up to 320 s (a change of load, job or pair starts afresh from the
   configured bound); if two cuts still do not help soon after a profile (one, whose effect
   may not show within a second, proves nothing even against a large fall), production's
-  present progress is taken as its solo progress and the rate goes back to where it was. If
+  present progress is taken as its solo progress and the rate and the in-flight bound go
+  back to where they were. If
   cuts that help a little have taken the rate to a tenth of what opportunistic work ran at
   and production is still below, production is profiled once more in that run of violations
   (a check: the rate stays where the cuts left it, and little opportunistic work is queued
@@ -252,8 +254,15 @@ class FastController:
         return True
 
     def _budget(self) -> Budget:
+        """Without production on the GPU, opportunistic work has no limit at all: not even the
+        in-flight bound, which keeps a launching thread waiting for its own kernels (a
+        PyTorch job alone on an H100 ran 26 % slower under the default bound; it launches
+        from one thread, with little CPU time to spare per kernel). A production container
+        attaches when it is created, seconds before its first kernel: what was queued
+        meanwhile has run by then."""
         rate = 0 if self.phase == Phase.PROFILE else UNLIMITED if self.phase in (Phase.FREE, Phase.SOLO) else self.rate
-        return Budget(rate, self.inflight, self.phase != Phase.FREE, self.phase.value, self.solo, self.progress)
+        inflight = 0 if self.phase == Phase.FREE else self.inflight
+        return Budget(rate, inflight, self.phase != Phase.FREE, self.phase.value, self.solo, self.progress)
 
     def _profile(self, t: float, periodic: bool = False, check: bool = False) -> None:
         """Pauses opportunistic work to measure production alone. Only the periodic profile
@@ -436,9 +445,14 @@ class FastController:
                 if t - self.profiled_at > self.ACCEPT_AFTER_PROFILE_S:
                     self._profile(t)
                 else:  # just measured: take what production does now as its solo progress
+                    # and undo what was tried, the in-flight bound with the rate (on an H100,
+                    # every start of a PyTorch production job, whose warm-up its first profile
+                    # caught, left the opportunistic job at one kernel in flight for the 10 s
+                    # to the bound's retry)
                     self.solo = p
                     self.profiles = []
                     self.violations = 0
+                    self._restore_inflight()
                     self._change(t, rate=self.rate_good)
                 return self._budget()
             if self.cuts and not self.checked and self.rate <= self.CHECK_PART * self.violation_o:

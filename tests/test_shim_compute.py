@@ -87,6 +87,24 @@ def test_a_launch_pays_for_its_blocks_once_however_often_production_makes_it_wai
     assert kernels["opp"] / 3.0 <= 25, f"opportunistic at {kernels['opp'] / 3.0:.1f} kernels/s, budget 20"
 
 
+def test_a_launch_waiting_for_tokens_goes_as_soon_as_the_limit_is_lifted(simgpu, container, libshim):
+    """A launch that owes seconds of tokens under a low rate does not sleep them out once
+    tgsd lifts the limit: it reads the budget again within a slice of its wait. Slept in
+    one piece, the job launched nothing for the rest of it (on an H100, an opportunistic
+    PyTorch job launched 2.8 million blocks/s in the second after a cut to 68,000 was
+    undone, against 39 million or more later, and tgsd based its next cut on that)."""
+    c = container(proto.Class.OPPORTUNISTIC)
+    c.control.set_budget(0, rate=11, burst=1)  # one kernel of 108 blocks per 9.8 s
+    p = simgpu.workload(Workload(kernel_us=1000, kernels=10, seconds=15, report_s=0.5), "opp", c.env(libshim.shim))
+    simgpu.wait_for_contexts(["opp"])
+    time.sleep(1.0)  # its first kernel ran; the next launch owes about 9.8 s
+    c.control.set_budget(0, rate=proto.RATE_UNLIMITED)
+    time.sleep(0.2)
+    rate, _ = rate_between(simgpu, "opp", 1.5)
+    p.kill()
+    assert rate >= 300, f"{rate:.0f} kernels/s in the 1.5 s after the limit was lifted (alone: about 900)"
+
+
 def in_flight(simgpu, label: str, seconds: float) -> tuple[float, int]:
     """The engine time `label` had per second over `seconds`, and the most kernels it had
     queued at any of the looks taken every 10 ms meanwhile."""

@@ -567,6 +567,7 @@ static inline void timer_read(struct tgs_gpu *g, uint64_t now) {
 #define PAUSE_POLL_NS 1000000ull /* a paused budget is re-read this often */
 #define DECAY_MS 5000ull         /* a stale budget slides to the floor over this long */
 #define BACKLOG_NS 200000000ull  /* a bucket this far ahead came from an older, slower rate */
+#define RATE_POLL_NS 10000000ull /* a launch waiting for tokens re-reads the budget this often */
 
 static uint64_t fp_of(uint64_t rate) { return rate ? (uint64_t)((1000000000.0 * 65536.0) / (double)rate) : 0; }
 
@@ -589,6 +590,12 @@ static uint64_t effective_rate(const volatile struct tgs_gpu_budget *b, uint64_t
     return r;
 }
 
+/* Waits for a launch's tokens. The wait is slept in slices of RATE_POLL_NS, the budget read
+ * again after each: a launch of many blocks under a low rate may owe seconds, and slept in
+ * one piece it kept its thread asleep long after tgsd had lifted the limit (on an H100, an
+ * opportunistic PyTorch job launched 2.8 million blocks/s in the second after a cut to
+ * 68,000 was undone, against 39 million or more later, and tgsd based its next cut on
+ * that). */
 static void take_tokens(struct tgs_gpu *g, uint64_t blocks, uint64_t *now) {
     const volatile struct tgs_gpu_budget *b = g->budget;
     for (;;) {
@@ -607,7 +614,7 @@ static void take_tokens(struct tgs_gpu *g, uint64_t blocks, uint64_t *now) {
         if (base > *now + tau + cost + BACKLOG_NS)
             base = *now;
         if (base - *now > tau) {
-            tgs_sleep_until(base - tau);
+            tgs_sleep_until(base - tau < *now + RATE_POLL_NS ? base - tau : *now + RATE_POLL_NS);
             *now = tgs_now();
             continue;
         }

@@ -257,9 +257,8 @@ class FastController:
         """Without production on the GPU, opportunistic work has no limit at all: not even the
         in-flight bound, which keeps a launching thread waiting for its own kernels (a
         PyTorch job alone on an H100 ran at 0.742 of its speed under the default bound,
-        0.990 without it). A production container
-        attaches when it is created, seconds before its first kernel: what was queued
-        meanwhile has run by then."""
+        0.990 without it). A production container attaches when it is created, seconds
+        before its first kernel: what was queued meanwhile has run by then."""
         rate = 0 if self.phase == Phase.PROFILE else UNLIMITED if self.phase in (Phase.FREE, Phase.SOLO) else self.rate
         inflight = 0 if self.phase == Phase.FREE else self.inflight
         return Budget(rate, inflight, self.phase != Phase.FREE, self.phase.value, self.solo, self.progress)

@@ -274,6 +274,43 @@ def test_opportunistic_waits_while_production_is_busy(simgpu, container, libshim
     assert rate_after > 700, f"once production is done it runs freely ({rate_after:.0f} kernels/s)"
 
 
+def overlap_beside(simgpu, container, libshim, opp_work: Workload, name: str) -> tuple[dict, dict, float]:
+    """Production (gated, half busy) beside `opp_work` (anticipating, in-flight bound 2):
+    the counters' growth over 2.5 s (production's, opportunistic's) and production's
+    engine seconds per second in simgpu's accounting."""
+    prod = container(proto.Class.PRODUCTION, f"prod-{name}")
+    opp = container(proto.Class.OPPORTUNISTIC, f"opp-{name}")
+    opp.control.set_budget(0, rate=proto.RATE_UNLIMITED, inflight=2, gate=True, anticipate=True)
+    p = simgpu.workload(HALF, f"prod-{name}", prod.env(libshim.shim))
+    o = simgpu.workload(opp_work, f"opp-{name}", opp.env(libshim.shim))
+    simgpu.wait_for_contexts([f"prod-{name}", f"opp-{name}"])
+    time.sleep(1.0)  # the opportunistic job's kernels timed
+    p0, o0, before = counters(prod), counters(opp), simgpu.status()
+    time.sleep(2.5)
+    p1, o1, after = counters(prod), counters(opp), simgpu.status()
+    o.kill()
+    p.wait()
+    grew = lambda a, b: {k: (b[k] - a[k]) / 2.5 / 1e9 for k in ("busy_ns", "gated_ns", "overlap_ns")}  # noqa: E731
+    return grew(p0, p1), grew(o0, o1), sim.busy_between(before, after)[f"prod-{name}"] / 2.5
+
+
+def test_the_shims_count_what_sharing_does_to_production(simgpu, container, libshim):
+    """Production counts the time it has unfinished work; an opportunistic job the time
+    it waits behind it, and the part of that its own work still runs beside it. Beside
+    1 ms kernels, which anticipation starts only where they end before production is due,
+    little runs beside production; kernels of 15 ms, too long for its 10 ms gaps, start
+    in a gap and run into its next iteration (tgsd tells production's own falls from harm
+    by this)."""
+    prod, opp, engine = overlap_beside(simgpu, container, libshim, GPU_BOUND, "short")
+    assert engine * 0.9 <= prod["busy_ns"] <= 0.8, f"production busy {prod['busy_ns']:.2f} s/s, engine {engine:.2f}"
+    assert opp["gated_ns"] >= 0.8 * prod["busy_ns"], f"waited {opp['gated_ns']:.2f} s/s behind {prod['busy_ns']:.2f}"
+    assert opp["overlap_ns"] <= 0.1 * prod["busy_ns"], f"1 ms kernels beside production {opp['overlap_ns']:.3f} s/s"
+    long_kernels = Workload(kernel_us=15000, kernels=20, seconds=8, report_s=0.5)
+    prod, opp, _ = overlap_beside(simgpu, container, libshim, long_kernels, "long")
+    assert opp["gated_ns"] >= 0.8 * prod["busy_ns"], f"waited {opp['gated_ns']:.2f} s/s behind {prod['busy_ns']:.2f}"
+    assert opp["overlap_ns"] >= 0.3 * prod["busy_ns"], f"15 ms kernels beside production {opp['overlap_ns']:.3f} s/s"
+
+
 def test_graphs_count_their_kernel_nodes_and_capture_counts_nothing(simgpu, container, libshim, c_programs):
     c = container(proto.Class.PRODUCTION)
     exe = c_programs("shim_checks.c", link_cuda=True)

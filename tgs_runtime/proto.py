@@ -124,7 +124,7 @@ class GpuCounters(Struct):
     _fields_ = [("launches", u64), ("blocks", u64), ("syncs", u64), ("gcra_tat_ns", u64), ("throttled_ns", u64),
                 ("waits", u64), ("footprint_bytes", u64), ("vmm_bytes", u64), ("evicted_bytes", u64),
                 ("restored_bytes", u64), ("mark_seq", u64), ("mark_ns", u64), ("mark_blocks", u64),
-                ("reserved", u64 * 3)]
+                ("busy_ns", u64), ("gated_ns", u64), ("overlap_ns", u64)]
 
 
 class ShimPart(Struct):

@@ -94,8 +94,9 @@ __attribute__((noinline)) static void mark_busy_now(struct tgs_gpu *g) {
     if (slot >= TGS_ACTIVITY_SLOTS)
         return;
     g->activity_rw[slot] = 1;
-    __atomic_store_n(&g->busy_marked, 1, __ATOMIC_RELAXED);
     uint64_t now = tgs_now();
+    g->busy_since_ns = now;
+    __atomic_store_n(&g->busy_marked, 1, __ATOMIC_RELAXED);
     mark_iteration(g, now);
     note_gap(g, slot, now);
 }
@@ -106,12 +107,17 @@ static inline void mark_busy(struct tgs_gpu *g) {
     mark_busy_now(g);
 }
 
+/* Production's work is done (a completed synchronisation, or the process leaves TGS):
+ * its byte is cleared and the time it was set is counted (busy_ns). */
 int tgs_production_idle(struct tgs_gpu *g) {
     if (!__atomic_exchange_n(&g->busy_marked, 0, __ATOMIC_RELAXED) || !g->activity_rw)
         return 0;
     uint32_t slot = __atomic_load_n(&g_tgs.activity_slot, __ATOMIC_RELAXED);
     if (slot < TGS_ACTIVITY_SLOTS)
         g->activity_rw[slot] = 0;
+    uint64_t now = tgs_now(), since = g->busy_since_ns;
+    if (since && now > since)
+        __atomic_fetch_add(&g->ctr->busy_ns, now - since, __ATOMIC_RELAXED);
     return 1;
 }
 
@@ -395,6 +401,8 @@ void tgs_compute_after_fork(void) {
         g->timer_ctx = NULL;
         g->timing = TGS_TIMER_IDLE;
         g->queue_end_ns = g->idle_ns = 0;
+        g->drain = NULL;
+        g->drain_state = TGS_DRAIN_NONE;
         g->ngaps = 0;
     }
     g_tgs.captures = 0;
@@ -631,6 +639,84 @@ static int must_wait_for_production(struct tgs_gpu *g, uint64_t now) {
     return (g->budget->flags & TGS_GPU_GATE) && g->activity && production_busy(g) && !tgs_heartbeat_age_ms(now, &age);
 }
 
+/* ---------- opportunistic: what of its work runs beside production ---------- */
+
+/* Whether work on s is being captured into a graph (then it does not run). */
+static int capturing(CUstream s) {
+    if (likely(!__atomic_load_n(&g_tgs.captures, __ATOMIC_RELAXED)))
+        return 0;
+    CUstreamCaptureStatus st = CU_STREAM_CAPTURE_STATUS_NONE;
+    return real_cuStreamIsCapturing && REAL(cuStreamIsCapturing)(s, &st) == CUDA_SUCCESS &&
+           st != CU_STREAM_CAPTURE_STATUS_NONE;
+}
+
+/* The launching thread waited behind busy production for `gated` ns, `overlap` of which its
+ * own queued work was running (tgs_proto.h: gated_ns, overlap_ns). */
+static void count_gated(struct tgs_gpu *g, uint64_t gated, uint64_t overlap) {
+    __atomic_fetch_add(&g->ctr->gated_ns, gated, __ATOMIC_RELAXED);
+    if (overlap)
+        __atomic_fetch_add(&g->ctr->overlap_ns, overlap, __ATOMIC_RELAXED);
+}
+
+/* The first wait behind production since the process last launched records an event
+ * behind its queued work (on the stream the waiting launch is for: the one the process
+ * is using, and live; work it queued on other streams is not covered), and the waits
+ * after it query that event: its work still runs beside production, or is done. One
+ * thread at a time records or queries (TGS_DRAIN_BUSY); another finds the work taken as
+ * running. */
+static void drain_record(struct tgs_gpu *g, CUstream s) {
+    int st = TGS_DRAIN_NONE;
+    if (!__atomic_compare_exchange_n(&g->drain_state, &st, TGS_DRAIN_BUSY, 0, __ATOMIC_ACQUIRE, __ATOMIC_RELAXED))
+        return;
+    CUcontext ctx = NULL;
+    REAL(cuCtxGetCurrent)(&ctx);
+    unsigned gen = tgs_context_generation();
+    st = TGS_DRAIN_UNKNOWN;
+    if (!event_serves(&g->drain, g->drain_ctx, g->drain_gen, ctx, gen) &&
+        REAL(cuEventCreate)(&g->drain, CU_EVENT_DISABLE_TIMING) == CUDA_SUCCESS) {
+        g->drain_ctx = ctx;
+        g->drain_gen = gen;
+    }
+    if (g->drain && !capturing(s) && REAL(cuEventRecord)(g->drain, s) == CUDA_SUCCESS)
+        st = TGS_DRAIN_RUNNING;
+    __atomic_store_n(&g->drain_state, st, __ATOMIC_RELEASE);
+}
+
+/* How much of a wait of `ns` the queued work ran beside production: all of it while its
+ * event is not done (or none could be recorded), half of it when it was done at the end
+ * (it ended somewhere in the wait), none once it was done before. */
+static uint64_t drain_overlap(struct tgs_gpu *g, uint64_t ns) {
+    int st = TGS_DRAIN_RUNNING;
+    if (!__atomic_compare_exchange_n(&g->drain_state, &st, TGS_DRAIN_BUSY, 0, __ATOMIC_ACQUIRE, __ATOMIC_RELAXED))
+        return st == TGS_DRAIN_DONE ? 0 : ns;
+    int running = REAL(cuEventQuery)(g->drain) == CUDA_ERROR_NOT_READY;
+    __atomic_store_n(&g->drain_state, running ? TGS_DRAIN_RUNNING : TGS_DRAIN_DONE, __ATOMIC_RELEASE);
+    return running ? ns : ns / 2;
+}
+
+/* A launch goes: the next wait behind production asks afresh. */
+static inline void drain_forget(struct tgs_gpu *g) {
+    int st = __atomic_load_n(&g->drain_state, __ATOMIC_RELAXED);
+    if (st != TGS_DRAIN_NONE && st != TGS_DRAIN_BUSY)
+        __atomic_compare_exchange_n(&g->drain_state, &st, TGS_DRAIN_NONE, 0, __ATOMIC_RELAXED, __ATOMIC_RELAXED);
+}
+
+/* Sleeps one gate poll behind busy production. A process whose launches anticipate
+ * production or are bounded (`timing`) counts the wait, and the part of it in which its
+ * own queued work still ran: production beside or behind opportunistic work, the way
+ * this one can slow it down while the gate holds its launches back. tgsd reads the two
+ * against production's busy time: a fall of production's progress with next to no
+ * overlap seen is production's own. */
+static void wait_for_production(struct tgs_gpu *g, uint64_t now, int timing, CUstream s) {
+    if (timing)
+        drain_record(g, s);
+    tgs_sleep_until(now + GATE_POLL_NS);
+    if (timing) {
+        uint64_t ns = tgs_now() - now;
+        count_gated(g, ns, drain_overlap(g, ns));
+    }
+}
+
 /* Whether a kernel of k ns starting at `start` runs into one production process's next
  * launch (e: its expectation, live until `until`): it may end a little after production
  * is due (this process's own start in the gap lags production's idle moment by up to a
@@ -681,7 +767,7 @@ struct launch {
 /* Admits one launch of `fn` (what is launched) on `blocks`; returns when, if it
  * anticipates production or its kernels in flight are bounded (then it may be timed),
  * else 0. Sets L->bound_ns (the work it may have in flight, 0: unbounded) and L->cost_ns. */
-static uint64_t opportunistic_admit(struct tgs_gpu *g, struct launch *L, uintptr_t fn, uint64_t blocks) {
+static uint64_t opportunistic_admit(struct tgs_gpu *g, struct launch *L, CUstream s, uintptr_t fn, uint64_t blocks) {
     const volatile struct tgs_gpu_budget *b = g->budget;
     uint64_t now = tgs_now(), start = now, until;
     int anticipate = (b->flags & TGS_GPU_ANTICIPATE) != 0;
@@ -698,7 +784,7 @@ static uint64_t opportunistic_admit(struct tgs_gpu *g, struct launch *L, uintptr
     for (;;) {
         for (;;) {
             if (must_wait_for_production(g, now))
-                tgs_sleep_until(now + GATE_POLL_NS);
+                wait_for_production(g, now, timing, s);
             else if (anticipate && (until = hold_back_until(g, now, k)))
                 tgs_sleep_until(until);
             else
@@ -720,8 +806,14 @@ static uint64_t opportunistic_admit(struct tgs_gpu *g, struct launch *L, uintptr
          * could wait for ever while its budget went unused) */
         if (now == before || !must_hold_back(g, now, anticipate, k))
             break;
+        /* it waited for its own kernels or for tokens and finds production busy, which may
+         * have started at any moment of that wait: the whole wait counts as one behind
+         * production (overstated, towards harm: the safe side) */
+        if (timing && must_wait_for_production(g, now))
+            count_gated(g, now - before, now - before);
     }
     if (timing) {
+        drain_forget(g);
         uint64_t q = g->queue_end_ns;
         g->queue_end_ns = (q > now ? q : now) + k;
     }
@@ -733,14 +825,6 @@ static uint64_t opportunistic_admit(struct tgs_gpu *g, struct launch *L, uintptr
 }
 
 /* ---------- the launch path ---------- */
-
-static int capturing(CUstream s) {
-    if (likely(!__atomic_load_n(&g_tgs.captures, __ATOMIC_RELAXED)))
-        return 0;
-    CUstreamCaptureStatus st = CU_STREAM_CAPTURE_STATUS_NONE;
-    return real_cuStreamIsCapturing && REAL(cuStreamIsCapturing)(s, &st) == CUDA_SUCCESS &&
-           st != CU_STREAM_CAPTURE_STATUS_NONE;
-}
 
 /* The stream a per-thread entry point means by NULL. */
 static inline CUstream pt_stream(CUstream s, int per_thread) { return per_thread && !s ? CU_STREAM_PER_THREAD : s; }
@@ -757,7 +841,7 @@ static inline void launch_begin(struct launch *L, CUstream s, const void *what, 
     L->timed = 0;
     L->bound_ns = 0;
     if (g_tgs.cls == TGS_CLASS_OPPORTUNISTIC) {
-        uint64_t now = opportunistic_admit(g, L, (uintptr_t)what, blocks);
+        uint64_t now = opportunistic_admit(g, L, s, (uintptr_t)what, blocks);
         if (now)
             L->timed = timer_start(g, s, now, (uintptr_t)what, blocks, L->new_kernel);
     } else {

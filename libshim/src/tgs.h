@@ -56,6 +56,13 @@ enum tgs_timer {
     TGS_TIMER_RUNNING = 1, /* its events are recorded around a kernel not yet read */
     TGS_TIMER_BUSY = 2,    /* a thread is recording or reading it */
 };
+enum tgs_drain { /* an opportunistic process's queued work, behind busy production */
+    TGS_DRAIN_NONE = 0,    /* nothing asked since its latest launch */
+    TGS_DRAIN_RUNNING = 1, /* an event is recorded behind it and was not done when last queried */
+    TGS_DRAIN_DONE = 2,    /* that event was done: nothing of it runs beside production */
+    TGS_DRAIN_UNKNOWN = 3, /* no event could be recorded: taken as running */
+    TGS_DRAIN_BUSY = 4,    /* a thread is recording or querying it */
+};
 #define TGS_GAPS 8        /* production gaps remembered to expect the next launch */
 #define TGS_TIME_EVERY 32 /* opportunistic launches per timed one, on average (two event records each) */
 #define TGS_TIME_GAP_NS 50000000ull /* ... or fewer, when the last timed one is this long ago */
@@ -73,6 +80,7 @@ struct tgs_gpu { /* one control-block GPU slot, as this process sees it */
     volatile struct tgs_expectation *expect; /* tgs_activity.expect[] (production writes its slot's) */
     volatile uint32_t *expect_slots;       /* tgs_activity.expect_slots */
     uint64_t idle_ns;                      /* production: when it last went idle (0: busy or never) */
+    uint64_t busy_since_ns;                /* production: when its byte was set */
     uint64_t gaps[TGS_GAPS];               /* production: its last gaps from idle to the next launch */
     unsigned ngaps;
     uint64_t logged_gap;                   /* production: the shortest gap it last logged */
@@ -103,6 +111,10 @@ struct tgs_gpu { /* one control-block GPU slot, as this process sees it */
     unsigned ntimed;
     uint64_t kernel_ns;                    /* how long its kernels run: their median (0: not known yet) */
     uint64_t queue_end_ns;                 /* when what it launched is expected to be done */
+    CUevent drain;                         /* recorded behind its queued work when production is found busy */
+    CUcontext drain_ctx;
+    unsigned drain_gen;
+    int drain_state;                       /* enum tgs_drain */
 };
 
 struct tgs_state {

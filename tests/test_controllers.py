@@ -10,8 +10,8 @@ import pytest
 
 from tgs_runtime.config import ControlConfig, Controller, Share
 from tgs_runtime.daemon import residency
-from tgs_runtime.daemon.controllers import (UNLIMITED, Claimant, FastController, Mark, PaperController, Sample,
-                                            ShareState, Window, make_controller, split, take_turns)
+from tgs_runtime.daemon.controllers import (UNLIMITED, Claimant, FastController, Mark, Overlap, PaperController,
+                                            Sample, ShareState, Window, make_controller, split, take_turns)
 
 DT = 0.1
 
@@ -22,9 +22,14 @@ class Rig:
     it runs (work queued before a cut still runs), and the fraction `queue_harm` of its
     progress while it runs with more than one kernel in flight."""
 
-    def __init__(self, ctl, solo=50_000.0, harm=0.0, capacity=100_000.0, lag_s=0.0, queue_harm=0.0):
+    def __init__(self, ctl, solo=50_000.0, harm=0.0, capacity=100_000.0, lag_s=0.0, queue_harm=0.0,
+                 overlap: float | None = None):
         self.ctl, self.solo, self.harm, self.capacity, self.t = ctl, solo, harm, capacity, 0.0
         self.queue_harm = queue_harm
+        # opportunistic shims that watch production (busy half the time) and see their work
+        # beside it for the part of its progress it lost, times `overlap` (None: no shim
+        # counts it, as before the counters)
+        self.overlap = overlap
         self.budget = None
         self.processes = frozenset({1})  # production's processes, as tgsd tells them
         self.queued = collections.deque([capacity] * round(lag_s / DT))  # opportunistic work still to hurt
@@ -40,8 +45,12 @@ class Rig:
             if opp and self.budget and self.budget.inflight != 1:
                 prod *= 1 - self.queue_harm
             self.produced += prod * DT
+            seen = Overlap()
+            if self.overlap is not None and production and opportunistic:
+                lost = 1 - prod / self.solo
+                seen = Overlap(0.5 * DT, 0.5 * DT, self.overlap * lost * DT)
             self.budget = self.ctl.step(Sample(self.t, DT, int(prod * DT), int(opp * DT), production, opportunistic,
-                                               production_processes=self.processes))
+                                               production_processes=self.processes, overlap=seen))
         return self.budget
 
 
@@ -477,6 +486,50 @@ def test_a_fall_of_production_s_own_undoes_the_in_flight_bound_with_the_rate():
     b = seen[-1]
     assert abs(b.solo - 33_000) <= 1_000, f"accepted {b.solo:.0f}"
     assert (b.rate, b.inflight) == (UNLIMITED, 2), (b.rate, b.inflight)
+
+
+def test_a_fall_with_no_opportunistic_work_beside_production_is_taken_at_once():
+    """As above, where the opportunistic shims watched production and saw none of their
+    work beside it: the fall is production's own, taken as its solo figure at the first
+    violation, with nothing cut and the in-flight bound untouched (two cuts that bring
+    nothing back took 2.4 s to say so)."""
+    r = Rig(fast(), solo=90_000.0, overlap=1.0)
+    while r.run(DT).state != "run":
+        pass
+    r.run(1)
+    r.solo = 33_000.0
+    seen = [r.run(DT) for _ in range(round(2 / DT))]
+    assert min(b.inflight for b in seen) == 2 and min(b.rate for b in seen) == UNLIMITED
+    assert abs(seen[-1].solo - 33_000) <= 1_000, f"took {seen[-1].solo:.0f}"
+    assert seen[-1].overlap is not None and seen[-1].overlap < 0.01
+
+
+@pytest.mark.parametrize("overlap", [None, 1.0, 0.5])
+def test_harm_seen_beside_production_is_cut(overlap):
+    """Production that loses progress where opportunistic work ran beside it (seen for all
+    of the loss, or half of it: a poll's resolution) is protected as without the signal."""
+    r = Rig(fast(), harm=0.2, overlap=overlap)
+    r.run(2, opportunistic=False)
+    r.run(15)
+    before = r.produced
+    b = r.run(10)
+    assert b.rate != UNLIMITED and b.solo >= 0.97 * r.solo
+    assert (r.produced - before) / 10 >= 0.95 * r.solo
+
+
+def test_a_profile_that_catches_the_overlap_signal_out_ends_its_use_for_the_load():
+    """Shims that see none of the harm they do (here: production loses a fifth and no
+    overlap is seen) have the fall taken for production's own, once: the next profile finds
+    production alone above that figure, and from then on falls are judged by cuts."""
+    r = Rig(fast(reprofile_s=5), harm=0.2, overlap=0.0)
+    r.run(2, opportunistic=False)
+    r.run(3)
+    assert r.budget.solo < 0.9 * r.solo, "the fall was taken for production's own first"
+    r.run(15)
+    before = r.produced
+    b = r.run(10)
+    assert b.solo >= 0.97 * r.solo, f"solo figure {b.solo:.0f}"
+    assert (r.produced - before) / 10 >= 0.93 * r.solo, "production protected after the profile"
 
 
 def test_profiles_of_one_load_are_averaged_and_a_new_load_starts_afresh():

@@ -42,7 +42,11 @@ take turns at it (`take_turns`). Pure logic: no clocks, no I/O.
   configured bound); if two cuts still do not help soon after a profile (one, whose effect
   may not show within a second, proves nothing even against a large fall), production's
   present progress is taken as its solo progress and the rate and the in-flight bound go
-  back to where they were. If
+  back to where they were. Where the opportunistic shims watched production (waited
+  behind it for most of its busy time) and saw their own work beside it for under a
+  quarter of the fall (`Overlap`), a fall at the start of a run of violations is taken as
+  production's own at once, nothing cut; a profile that finds production alone above
+  such a figure by more than the tolerance ends that for the load. If
   cuts that help a little have taken the rate to a tenth of what opportunistic work ran at
   and production is still below, production is profiled once more in that run of violations
   (a check: the rate stays where the cuts left it, and little opportunistic work is queued
@@ -76,6 +80,31 @@ class Mark:
 
 
 @dataclass(frozen=True)
+class Overlap:
+    """What sharing did to production in a stretch (tgs_proto.h's busy_ns, gated_ns,
+    overlap_ns): seconds production had unfinished work (the most of any one production
+    container: two jobs' busy spells may coincide), seconds opportunistic launching threads
+    waited behind it (those of processes whose launches anticipate or are bounded), and
+    the part of those in which their own queued work still ran."""
+    busy_s: float = 0.0
+    gated_s: float = 0.0
+    overlap_s: float = 0.0
+
+    def __add__(self, o: Overlap) -> Overlap:
+        return Overlap(self.busy_s + o.busy_s, self.gated_s + o.gated_s, self.overlap_s + o.overlap_s)
+
+    @property
+    def watched(self) -> bool:
+        """Opportunistic work waited behind production for most of the time production was
+        busy, so little of its overlap with production went unseen (a job that waits for
+        its own kernels, or is not GPU-bound, is not watching: its overlap is unknown)."""
+        return self.busy_s > 0 and self.gated_s >= WATCHED * self.busy_s
+
+
+WATCHED = 0.8  # Overlap.watched: the part of production's busy time opportunistic work must have waited
+
+
+@dataclass(frozen=True)
 class Sample:
     t: float                   # monotonic seconds at the end of the period
     dt: float                  # the period's length
@@ -89,6 +118,7 @@ class Sample:
     # that starts or ends changes production's load, and the moment of the change is no
     # measure of sharing's harm
     production_processes: frozenset[int] = frozenset()
+    overlap: Overlap = Overlap()
 
 
 @dataclass(frozen=True)
@@ -99,6 +129,8 @@ class Budget:
     state: str
     solo: float | None       # production's solo progress estimate, blocks/s
     progress: float          # production's progress over the last window, blocks/s
+    overlap: float | None = None  # opportunistic overlap with production per second, at the
+                                  # latest violation (None: not watched; `Overlap.watched`)
 
 
 class Window:
@@ -132,6 +164,14 @@ class Window:
             return 0.0, 0.0, 0.0
         timed = self._timed(since, dt)
         return (p / dt if timed is None else timed), o / dt, dt
+
+    def overlap(self, since: float = float("-inf")) -> Overlap:
+        """The samples' Overlap after `since`, summed."""
+        total = Overlap()
+        for s in self.items:
+            if s.t - s.dt >= since - 1e-9:
+                total += s.overlap
+        return total
 
     def _timed(self, since: float, covered: float) -> float | None:
         """The containers are those of the latest sample's marks (none: counted); one
@@ -188,6 +228,7 @@ class FastController:
     INFLIGHT_RETRY_S = 10.0       # the in-flight bound, lowered, is tried again after this
     INFLIGHT_RETRY_MAX_S = 320.0  # ... doubled each time the try fails, up to this
     INFLIGHT_TRY_S = 10.0         # a try that production holds this long has succeeded
+    OWN_FALL_PART = 0.25          # overlap below this part of a fall: the fall is production's own
 
     def __init__(self, cfg: ControlConfig):
         self.cfg = cfg
@@ -216,6 +257,9 @@ class FastController:
         self.idle = False  # production attached but launching nothing
         self.processes: frozenset[int] = frozenset()  # production's, as of the last sample
         self.turnover_at: float | None = None  # a production process started or ended then: judge the load
+        self.own_fall: float | None = None  # a solo figure taken from a fall seen as production's own
+        self.overlap_trusted = True  # no profile of this load has caught the overlap signal out
+        self.overlap_seen: float | None = None  # overlap per second at the last violation (None: not watched)
 
     def _change(self, t: float, phase: Phase | None = None, rate: int | None = None) -> None:
         if phase is not None:
@@ -261,7 +305,8 @@ class FastController:
         before its first kernel: what was queued meanwhile has run by then."""
         rate = 0 if self.phase == Phase.PROFILE else UNLIMITED if self.phase in (Phase.FREE, Phase.SOLO) else self.rate
         inflight = 0 if self.phase == Phase.FREE else self.inflight
-        return Budget(rate, inflight, self.phase != Phase.FREE, self.phase.value, self.solo, self.progress)
+        return Budget(rate, inflight, self.phase != Phase.FREE, self.phase.value, self.solo, self.progress,
+                      self.overlap_seen)
 
     def _profile(self, t: float, periodic: bool = False, check: bool = False) -> None:
         """Pauses opportunistic work to measure production alone. Only the periodic profile
@@ -274,6 +319,7 @@ class FastController:
         if not periodic:
             self.profiles = []
             self._restore_inflight()
+            self.own_fall, self.overlap_trusted = None, True
             if self.turnover_at is not None and t - self.turnover_at >= self.TURNOVER_S - 1e-9:
                 self.turnover_at = None  # the load after a turnover is measured now (sooner: its start)
         self.checking = check  # its end is `_checked`
@@ -283,7 +329,13 @@ class FastController:
 
     def _profiled(self, p: float) -> None:
         """A profile knows production's solo progress only to about one of its iterations;
-        profiles of the same load (within LOAD_CHANGE of their mean) are averaged."""
+        profiles of the same load (within LOAD_CHANGE of their mean) are averaged. One that
+        finds production alone above a figure taken from a fall seen as its own by more than
+        the tolerance catches the overlap signal out: for this load, falls are judged
+        without it (by cuts, as where opportunistic work does not watch)."""
+        if self.own_fall is not None and p > (1 + self.cfg.tolerance) * self.own_fall:
+            self.overlap_trusted = False
+        self.own_fall = None
         mean = sum(self.profiles) / len(self.profiles) if self.profiles else None
         same = mean is not None and abs(p - mean) <= self.LOAD_CHANGE * mean
         self.profiles = (self.profiles[-(self.PROFILES_KEPT - 1):] if same else []) + [p]
@@ -306,6 +358,17 @@ class FastController:
             else:
                 self._profiled(p)  # the run of violations goes on, checked once
         self._change(t, Phase.RUN)
+
+    def _own_fall(self, p: float, solo: float, seen: Overlap, span: float) -> bool:
+        """Whether a fall of production's progress to p is its own: opportunistic work
+        watched production (`Overlap.watched`) and overlapped it for less than OWN_FALL_PART
+        of the fall (a second of production delayed behind or beside opportunistic work
+        costs it at most that second), and the signal has not been caught out for this load
+        (a profile that found production alone above a figure it set)."""
+        self.overlap_seen = seen.overlap_s / span if span > 0 and seen.watched else None
+        if not self.overlap_trusted or self.overlap_seen is None:
+            return False
+        return self.overlap_seen < self.OWN_FALL_PART * (1 - p / solo)
 
     def _cut(self, p: float, solo: float) -> float:
         """The part of the rate a cut keeps: 70 %, or tolerance / shortfall where production
@@ -407,14 +470,15 @@ class FastController:
         solo = self.solo or 0.0
         tol = self.cfg.tolerance
         long_p, long_covered = p, covered
-        p, o, _ = self.window.rates(max(since, t - self.QUICK_S))
+        judged_from = max(since, t - self.QUICK_S)
+        p, o, judged_s = self.window.rates(judged_from)
         cutting = self.rate < self.rate_good  # cut since production last held
         if (1 - 2 * tol) * solo <= p < (1 - tol) * solo and self.inflight == 1 and not cutting:
             # marginal, and the cheap answer (one kernel in flight) is given: a rate cut
             # needs the longer window to show it
             if long_covered < self.CONFIRM_S:
                 return self._budget()
-            p = long_p
+            p, judged_from, judged_s = long_p, since, long_covered
         # production does clearly more than its solo figure: its own load grew; measure it
         # alone again (a fall shows up as a violation that cuts do not fix, below)
         if p > solo * (1 + self.LOAD_CHANGE):
@@ -426,6 +490,15 @@ class FastController:
         else:
             self.drift_since = None
         if p < (1 - tol) * solo:
+            if self.violations == 0 and self._own_fall(p, solo, self.window.overlap(judged_from), judged_s):
+                # production fell with next to no opportunistic work beside it: its own
+                # load changed (two jobs' bursts fell together; a PyTorch job's warm-up,
+                # which its first profile caught, ended). Its present progress is its solo
+                # progress; nothing is cut (two cuts that brought nothing back took 2.4 s
+                # to say so, with the in-flight bound at one meanwhile)
+                self.solo, self.profiles, self.own_fall = p, [], p
+                self._change(t)
+                return self._budget()
             if self.violations == 0:
                 self.rate_good = self.rate
                 self.violation_p = p

@@ -8,12 +8,32 @@ import enum
 import json
 import os
 import time
-from dataclasses import dataclass, field
+from dataclasses import astuple, dataclass, field
 from pathlib import Path
 
 from tgs_runtime import proto
 from tgs_runtime.control import ContainerPaths, ControlBlock
 from tgs_runtime.daemon.residency import Move, Range
+
+
+@dataclass(frozen=True)
+class Tally:
+    """A container's counters on one GPU that tgsd takes per control period: the blocks it
+    launched, and what tells sharing's harm from production's own change (tgs_proto.h,
+    busy_ns, gated_ns, overlap_ns)."""
+    blocks: int = 0
+    busy_ns: int = 0
+    gated_ns: int = 0
+    overlap_ns: int = 0
+
+    @classmethod
+    def of(cls, ctr: proto.GpuCounters) -> Tally:
+        return cls(ctr.blocks, ctr.busy_ns, ctr.gated_ns, ctr.overlap_ns)
+
+    def since(self, earlier: Tally) -> Tally:
+        """What was added since `earlier` (a counter that went back, as after a reset,
+        counts nothing)."""
+        return Tally(*(max(0, a - b) for a, b in zip(astuple(self), astuple(earlier))))
 
 
 class Phase(str, enum.Enum):
@@ -74,7 +94,7 @@ class Container:
     processes: dict[int, Process] = field(default_factory=dict)
     ranges: dict[tuple[int, int, int], Range] = field(default_factory=dict)  # (process, gpu slot, ptr)
     range_owner: dict[tuple[int, int, int], int] = field(default_factory=dict)
-    last_blocks: list[int] = field(default_factory=list)  # per GPU slot, for deltas
+    last: list[Tally] = field(default_factory=list)       # per GPU slot, for deltas
     achieved: list[float] = field(default_factory=list)   # blocks/s per GPU slot (smoothed)
     budget: list[int] = field(default_factory=list)       # the last rate written per GPU slot
     warned_ranges: bool = False

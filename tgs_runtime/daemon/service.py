@@ -21,10 +21,10 @@ from tgs_runtime import __version__, config as configmod, framing, proto
 from tgs_runtime.config import Config, ConfigError, Controller
 from tgs_runtime.control import ActivityFile, ControlBlock, ControlFileError, StatePaths
 from tgs_runtime.daemon import residency
-from tgs_runtime.daemon.controllers import (UNLIMITED, Claimant, Mark, Sample, ShareState, Turn,
+from tgs_runtime.daemon.controllers import (UNLIMITED, Claimant, Mark, Overlap, Sample, ShareState, Turn,
                                             make_controller, split, take_turns)
 from tgs_runtime.daemon.gpus import Gpu, GpuError, GpuInventory
-from tgs_runtime.daemon.registry import Container, Phase, Process, load_registration, process_start_time
+from tgs_runtime.daemon.registry import Container, Phase, Process, Tally, load_registration, process_start_time
 from tgs_runtime.logs import RepeatLimiter, get as get_logger
 from tgs_runtime.runtime import create as createmod
 
@@ -197,13 +197,13 @@ class Daemon:
     @staticmethod
     def _track(c: Container) -> None:
         n = len(c.gpus)
-        c.last_blocks = [c.control.counters(i).blocks for i in range(n)]
+        c.last = [Tally.of(c.control.counters(i)) for i in range(n)]
         c.achieved = [0.0] * n
         c.budget = [UNLIMITED] * n
 
     async def _open(self, c: Container) -> None:
         """The container's socket, bound in place (shims reconnect to the same path)."""
-        if not c.last_blocks:
+        if not c.last:
             self._track(c)
         c.server = await asyncio.start_unix_server(lambda r, w: self._shim_conn(c, r, w),
                                                    path=str(self._fresh_socket(c.paths.socket)))
@@ -574,28 +574,34 @@ class Daemon:
         uuid = st.gpu.uuid
         members = self._on(uuid)
         prod_blocks = opp_blocks = 0
+        busy_ns = gated_ns = overlap_ns = 0
         for c, slot in members:
-            blocks = c.control.counters(slot).blocks
-            delta = max(0, blocks - c.last_blocks[slot])
-            c.last_blocks[slot] = blocks
-            c.achieved[slot] = 0.7 * c.achieved[slot] + 0.3 * (delta / dt)
+            tally = Tally.of(c.control.counters(slot))
+            d = tally.since(c.last[slot])
+            c.last[slot] = tally
+            c.achieved[slot] = 0.7 * c.achieved[slot] + 0.3 * (d.blocks / dt)
             if c.cls == proto.Class.PRODUCTION:
-                prod_blocks += delta
+                prod_blocks += d.blocks
+                busy_ns = max(busy_ns, d.busy_ns)  # (the jobs' busy spells may coincide: no sum)
             else:
-                opp_blocks += delta
+                opp_blocks += d.blocks
+                gated_ns += d.gated_ns
+                overlap_ns += d.overlap_ns
         prod = [(c, s) for c, s in members if c.cls == proto.Class.PRODUCTION]
         opp = [(c, s) for c, s in members if c.cls == proto.Class.OPPORTUNISTIC]
         procs = frozenset(p.id for c, _ in prod for p in c.processes.values() if p.slot != proto.NO_SLOT)
-        budget = st.controller.step(Sample(now, dt, prod_blocks, opp_blocks, bool(prod), bool(opp), _marks(prod), procs))
+        budget = st.controller.step(Sample(now, dt, prod_blocks, opp_blocks, bool(prod), bool(opp), _marks(prod), procs,
+                                           Overlap(busy_ns / 1e9, gated_ns / 1e9, overlap_ns / 1e9)))
         # a container none of whose processes has connected yet does not take part in the split
         claimants = [Claimant(c.id, c.attained(), c.achieved[s], c.budget[s], c.order) for c, s in opp if c.processes]
         rates = split(self.cfg.control.share, budget.rate, claimants, st.share, self.cfg.control.las_min_share,
                       one_only=self.cfg.control.controller == Controller.TGS_PAPER)
-        if (st.last.get("rate"), st.last.get("state"), st.last.get("inflight")) != (budget.rate, budget.state,
-                                                                                   budget.inflight):
+        if (st.last.get("rate"), st.last.get("state"), st.last.get("inflight"), st.last.get("solo")) != (
+                budget.rate, budget.state, budget.inflight, budget.solo):
             self.log.debug("controller decision", gpu=uuid, state=budget.state, rate=_rate_text(budget.rate),
                            inflight_max=budget.inflight,
                            solo_blocks_per_s=budget.solo, progress_blocks_per_s=round(budget.progress),
+                           overlap_per_s=None if budget.overlap is None else round(budget.overlap, 4),
                            shares={k: _rate_text(v) for k, v in rates.items()})
         st.last = {"state": budget.state, "rate": budget.rate, "solo": budget.solo, "progress": budget.progress,
                    "inflight": budget.inflight, "gate": budget.gate}

@@ -62,6 +62,7 @@ take turns at it (`take_turns`). Pure logic: no clocks, no I/O.
 from __future__ import annotations
 
 import collections
+import dataclasses
 import enum
 from dataclasses import dataclass, field
 
@@ -85,13 +86,15 @@ class Overlap:
     overlap_ns): seconds production had unfinished work (the most of any one production
     container: two jobs' busy spells may coincide), seconds opportunistic launching threads
     waited behind it (those of processes whose launches anticipate or are bounded), and
-    the part of those in which their own queued work still ran."""
+    the part of those in which their own queued work still ran; over `span_s` seconds."""
     busy_s: float = 0.0
     gated_s: float = 0.0
     overlap_s: float = 0.0
+    span_s: float = 0.0
 
     def __add__(self, o: Overlap) -> Overlap:
-        return Overlap(self.busy_s + o.busy_s, self.gated_s + o.gated_s, self.overlap_s + o.overlap_s)
+        return Overlap(self.busy_s + o.busy_s, self.gated_s + o.gated_s, self.overlap_s + o.overlap_s,
+                       self.span_s + o.span_s)
 
     @property
     def watched(self) -> bool:
@@ -99,6 +102,12 @@ class Overlap:
         busy, so little of its overlap with production went unseen (a job that waits for
         its own kernels, or is not GPU-bound, is not watching: its overlap is unknown)."""
         return self.busy_s > 0 and self.gated_s >= WATCHED * self.busy_s
+
+    @property
+    def per_s(self) -> float | None:
+        """Seconds of opportunistic work beside production per second; None where it was
+        not watched."""
+        return self.overlap_s / self.span_s if self.watched and self.span_s > 0 else None
 
 
 WATCHED = 0.8  # Overlap.watched: the part of production's busy time opportunistic work must have waited
@@ -129,8 +138,8 @@ class Budget:
     state: str
     solo: float | None       # production's solo progress estimate, blocks/s
     progress: float          # production's progress over the last window, blocks/s
-    overlap: float | None = None  # opportunistic overlap with production per second, at the
-                                  # latest violation (None: not watched; `Overlap.watched`)
+    overlap: float | None = None  # opportunistic work beside production, seconds per second
+                                  # over the last window (None: not watched; `Overlap.watched`)
 
 
 class Window:
@@ -166,11 +175,11 @@ class Window:
         return (p / dt if timed is None else timed), o / dt, dt
 
     def overlap(self, since: float = float("-inf")) -> Overlap:
-        """The samples' Overlap after `since`, summed."""
+        """The samples' Overlap after `since`, summed (their span, the samples' length)."""
         total = Overlap()
         for s in self.items:
             if s.t - s.dt >= since - 1e-9:
-                total += s.overlap
+                total += dataclasses.replace(s.overlap, span_s=s.dt)
         return total
 
     def _timed(self, since: float, covered: float) -> float | None:
@@ -259,7 +268,6 @@ class FastController:
         self.turnover_at: float | None = None  # a production process started or ended then: judge the load
         self.own_fall: float | None = None  # a solo figure taken from a fall seen as production's own
         self.overlap_trusted = True  # no profile of this load has caught the overlap signal out
-        self.overlap_seen: float | None = None  # overlap per second at the last violation (None: not watched)
 
     def _change(self, t: float, phase: Phase | None = None, rate: int | None = None) -> None:
         if phase is not None:
@@ -306,7 +314,7 @@ class FastController:
         rate = 0 if self.phase == Phase.PROFILE else UNLIMITED if self.phase in (Phase.FREE, Phase.SOLO) else self.rate
         inflight = 0 if self.phase == Phase.FREE else self.inflight
         return Budget(rate, inflight, self.phase != Phase.FREE, self.phase.value, self.solo, self.progress,
-                      self.overlap_seen)
+                      self.window.overlap().per_s)
 
     def _profile(self, t: float, periodic: bool = False, check: bool = False) -> None:
         """Pauses opportunistic work to measure production alone. Only the periodic profile
@@ -359,16 +367,14 @@ class FastController:
                 self._profiled(p)  # the run of violations goes on, checked once
         self._change(t, Phase.RUN)
 
-    def _own_fall(self, p: float, solo: float, seen: Overlap, span: float) -> bool:
+    def _own_fall(self, p: float, solo: float, seen: Overlap) -> bool:
         """Whether a fall of production's progress to p is its own: opportunistic work
         watched production (`Overlap.watched`) and overlapped it for less than OWN_FALL_PART
         of the fall (a second of production delayed behind or beside opportunistic work
         costs it at most that second), and the signal has not been caught out for this load
         (a profile that found production alone above a figure it set)."""
-        self.overlap_seen = seen.overlap_s / span if span > 0 and seen.watched else None
-        if not self.overlap_trusted or self.overlap_seen is None:
-            return False
-        return self.overlap_seen < self.OWN_FALL_PART * (1 - p / solo)
+        beside = seen.per_s
+        return self.overlap_trusted and beside is not None and beside < self.OWN_FALL_PART * (1 - p / solo)
 
     def _cut(self, p: float, solo: float) -> float:
         """The part of the rate a cut keeps: 70 %, or tolerance / shortfall where production
@@ -471,14 +477,14 @@ class FastController:
         tol = self.cfg.tolerance
         long_p, long_covered = p, covered
         judged_from = max(since, t - self.QUICK_S)
-        p, o, judged_s = self.window.rates(judged_from)
+        p, o, _ = self.window.rates(judged_from)
         cutting = self.rate < self.rate_good  # cut since production last held
         if (1 - 2 * tol) * solo <= p < (1 - tol) * solo and self.inflight == 1 and not cutting:
             # marginal, and the cheap answer (one kernel in flight) is given: a rate cut
             # needs the longer window to show it
             if long_covered < self.CONFIRM_S:
                 return self._budget()
-            p, judged_from, judged_s = long_p, since, long_covered
+            p, judged_from = long_p, since
         # production does clearly more than its solo figure: its own load grew; measure it
         # alone again (a fall shows up as a violation that cuts do not fix, below)
         if p > solo * (1 + self.LOAD_CHANGE):
@@ -490,7 +496,7 @@ class FastController:
         else:
             self.drift_since = None
         if p < (1 - tol) * solo:
-            if self.violations == 0 and self._own_fall(p, solo, self.window.overlap(judged_from), judged_s):
+            if self.violations == 0 and self._own_fall(p, solo, self.window.overlap(judged_from)):
                 # production fell with next to no opportunistic work beside it: its own
                 # load changed (two jobs' bursts fell together; a PyTorch job's warm-up,
                 # which its first profile caught, ended). Its present progress is its solo

@@ -604,7 +604,7 @@ class Daemon:
                            overlap_per_s=None if budget.overlap is None else round(budget.overlap, 4),
                            shares={k: _rate_text(v) for k, v in rates.items()})
         st.last = {"state": budget.state, "rate": budget.rate, "solo": budget.solo, "progress": budget.progress,
-                   "inflight": budget.inflight, "gate": budget.gate}
+                   "inflight": budget.inflight, "gate": budget.gate, "overlap": budget.overlap}
         # behind production, one container launches at a time; without production, all at once
         if budget.gate:
             turns = take_turns(st.share, rates, budget.rate, dt)
@@ -712,7 +712,9 @@ class Daemon:
                                         "rate_blocks_per_s": None if last.get("rate", UNLIMITED) == UNLIMITED else last.get("rate"),
                                         "solo_blocks_per_s": None if last.get("solo") is None else round(last["solo"], 1),
                                         "production_progress_blocks_per_s": round(last.get("progress", 0.0), 1),
-                                        "inflight_max": last.get("inflight"), "gate": last.get("gate")},
+                                        "inflight_max": last.get("inflight"), "gate": last.get("gate"),
+                                        "opportunistic_beside_production": None if last.get("overlap") is None
+                                        else round(last["overlap"], 4)},
                          "containers": members})
         return {"version": 1, "daemon": {"pid": os.getpid(), "version": __version__,
                                          "uptime_s": round(time.monotonic() - self.started, 1),

@@ -125,11 +125,10 @@ struct tgs_gpu_counters { /* written by the shims, read by tgsd; one cache line 
     uint64_t mark_blocks;    /* `blocks` just before it */
     /* What sharing did to production, for tgsd to tell harm from production's own change.
      * Production: the time its processes had unfinished work (from an iteration start to
-     * the completed synchronisation that ends it). Opportunistic, only while its launches
-     * anticipate production or are bounded (it then knows when its queued work should be
-     * done): the time its launching threads waited for production, and the part of that in
-     * which its own queued work was expected to be still running (production ran beside it,
-     * or behind it). Zero from shims before these counters (their place was reserved). */
+     * the completed synchronisation that ends it). Opportunistic: the time its launching
+     * threads waited for production, and the part of that in which its own queued work
+     * still ran (production ran beside it, or behind it). Zero from shims before these
+     * counters (their place was reserved). */
     uint64_t busy_ns;
     uint64_t gated_ns;
     uint64_t overlap_ns;

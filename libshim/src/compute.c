@@ -701,20 +701,16 @@ static inline void drain_forget(struct tgs_gpu *g) {
         __atomic_compare_exchange_n(&g->drain_state, &st, TGS_DRAIN_NONE, 0, __ATOMIC_RELAXED, __ATOMIC_RELAXED);
 }
 
-/* Sleeps one gate poll behind busy production. A process whose launches anticipate
- * production or are bounded (`timing`) counts the wait, and the part of it in which its
- * own queued work still ran: production beside or behind opportunistic work, the way
- * this one can slow it down while the gate holds its launches back. tgsd reads the two
- * against production's busy time: a fall of production's progress with next to no
- * overlap seen is production's own. */
-static void wait_for_production(struct tgs_gpu *g, uint64_t now, int timing, CUstream s) {
-    if (timing)
-        drain_record(g, s);
+/* Sleeps one gate poll behind busy production, and counts the wait and the part of it in
+ * which the process's own queued work still ran: production beside or behind
+ * opportunistic work, the way this one can slow it down while the gate holds its launches
+ * back. tgsd reads the two against production's busy time: a fall of production's
+ * progress with next to no overlap seen is production's own. */
+static void wait_for_production(struct tgs_gpu *g, uint64_t now, CUstream s) {
+    drain_record(g, s);
     tgs_sleep_until(now + GATE_POLL_NS);
-    if (timing) {
-        uint64_t ns = tgs_now() - now;
-        count_gated(g, ns, drain_overlap(g, ns));
-    }
+    uint64_t ns = tgs_now() - now;
+    count_gated(g, ns, drain_overlap(g, ns));
 }
 
 /* Whether a kernel of k ns starting at `start` runs into one production process's next
@@ -784,7 +780,7 @@ static uint64_t opportunistic_admit(struct tgs_gpu *g, struct launch *L, CUstrea
     for (;;) {
         for (;;) {
             if (must_wait_for_production(g, now))
-                wait_for_production(g, now, timing, s);
+                wait_for_production(g, now, s);
             else if (anticipate && (until = hold_back_until(g, now, k)))
                 tgs_sleep_until(until);
             else
@@ -809,11 +805,11 @@ static uint64_t opportunistic_admit(struct tgs_gpu *g, struct launch *L, CUstrea
         /* it waited for its own kernels or for tokens and finds production busy, which may
          * have started at any moment of that wait: the whole wait counts as one behind
          * production (overstated, towards harm: the safe side) */
-        if (timing && must_wait_for_production(g, now))
+        if (must_wait_for_production(g, now))
             count_gated(g, now - before, now - before);
     }
+    drain_forget(g);
     if (timing) {
-        drain_forget(g);
         uint64_t q = g->queue_end_ns;
         g->queue_end_ns = (q > now ? q : now) + k;
     }

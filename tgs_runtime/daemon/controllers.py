@@ -85,8 +85,8 @@ class Overlap:
     """What sharing did to production in a stretch (tgs_proto.h's busy_ns, gated_ns,
     overlap_ns): seconds production had unfinished work (the most of any one production
     container: two jobs' busy spells may coincide), seconds opportunistic launching threads
-    waited behind it (those of processes whose launches anticipate or are bounded), and
-    the part of those in which their own queued work still ran; over `span_s` seconds."""
+    waited behind it, and the part of those in which their own queued work still ran;
+    over `span_s` seconds."""
     busy_s: float = 0.0
     gated_s: float = 0.0
     overlap_s: float = 0.0

@@ -108,8 +108,9 @@ static inline void mark_busy(struct tgs_gpu *g) {
 }
 
 /* Production's work is done (a completed synchronisation, or the process leaves TGS):
- * its byte is cleared and the time it was set is counted (busy_ns). */
-int tgs_production_idle(struct tgs_gpu *g) {
+ * its byte is cleared and the time it was set is counted (busy_ns). Returns when (0: it
+ * was not busy). */
+uint64_t tgs_production_idle(struct tgs_gpu *g) {
     if (!__atomic_exchange_n(&g->busy_marked, 0, __ATOMIC_RELAXED) || !g->activity_rw)
         return 0;
     uint32_t slot = __atomic_load_n(&g_tgs.activity_slot, __ATOMIC_RELAXED);
@@ -118,7 +119,7 @@ int tgs_production_idle(struct tgs_gpu *g) {
     uint64_t now = tgs_now(), since = g->busy_since_ns;
     if (since && now > since)
         __atomic_fetch_add(&g->ctr->busy_ns, now - since, __ATOMIC_RELAXED);
-    return 1;
+    return now;
 }
 
 /* Any production process's byte set. Read on every opportunistic launch behind production,
@@ -658,16 +659,21 @@ static void count_gated(struct tgs_gpu *g, uint64_t gated, uint64_t overlap) {
         __atomic_fetch_add(&g->ctr->overlap_ns, overlap, __ATOMIC_RELAXED);
 }
 
-/* The first wait behind production since the process last launched records an event
- * behind its queued work (on the stream the waiting launch is for: the one the process
- * is using, and live; work it queued on other streams is not covered), and the waits
- * after it query that event: its work still runs beside production, or is done. One
- * thread at a time records or queries (TGS_DRAIN_BUSY); another finds the work taken as
- * running. */
+/* The first wait behind production after a launch records an event behind the queued
+ * work (on the stream the waiting launch is for: the one the process is using, and live;
+ * work it queued on other streams is not covered), and the waits after it query that
+ * event: its work still runs beside production, or is done. A launch is seen in the
+ * container's launch count (drain_launches: the count the event was recorded at), so the
+ * launch path does nothing for this. One thread at a time records or queries
+ * (TGS_DRAIN_BUSY); another finds the work taken as running. */
 static void drain_record(struct tgs_gpu *g, CUstream s) {
-    int st = TGS_DRAIN_NONE;
-    if (!__atomic_compare_exchange_n(&g->drain_state, &st, TGS_DRAIN_BUSY, 0, __ATOMIC_ACQUIRE, __ATOMIC_RELAXED))
+    uint64_t launches = __atomic_load_n(&g->ctr->launches, __ATOMIC_RELAXED);
+    int st = __atomic_load_n(&g->drain_state, __ATOMIC_ACQUIRE);
+    if (st == TGS_DRAIN_BUSY ||
+        (st != TGS_DRAIN_NONE && __atomic_load_n(&g->drain_launches, __ATOMIC_RELAXED) == launches) ||
+        !__atomic_compare_exchange_n(&g->drain_state, &st, TGS_DRAIN_BUSY, 0, __ATOMIC_ACQUIRE, __ATOMIC_RELAXED))
         return;
+    __atomic_store_n(&g->drain_launches, launches, __ATOMIC_RELAXED);
     CUcontext ctx = NULL;
     REAL(cuCtxGetCurrent)(&ctx);
     unsigned gen = tgs_context_generation();
@@ -692,13 +698,6 @@ static uint64_t drain_overlap(struct tgs_gpu *g, uint64_t ns) {
     int running = REAL(cuEventQuery)(g->drain) == CUDA_ERROR_NOT_READY;
     __atomic_store_n(&g->drain_state, running ? TGS_DRAIN_RUNNING : TGS_DRAIN_DONE, __ATOMIC_RELEASE);
     return running ? ns : ns / 2;
-}
-
-/* A launch goes: the next wait behind production asks afresh. */
-static inline void drain_forget(struct tgs_gpu *g) {
-    int st = __atomic_load_n(&g->drain_state, __ATOMIC_RELAXED);
-    if (st != TGS_DRAIN_NONE && st != TGS_DRAIN_BUSY)
-        __atomic_compare_exchange_n(&g->drain_state, &st, TGS_DRAIN_NONE, 0, __ATOMIC_RELAXED, __ATOMIC_RELAXED);
 }
 
 /* Sleeps one gate poll behind busy production, and counts the wait and the part of it in
@@ -808,7 +807,6 @@ static uint64_t opportunistic_admit(struct tgs_gpu *g, struct launch *L, CUstrea
         if (must_wait_for_production(g, now))
             count_gated(g, now - before, now - before);
     }
-    drain_forget(g);
     if (timing) {
         uint64_t q = g->queue_end_ns;
         g->queue_end_ns = (q > now ? q : now) + k;
@@ -1072,8 +1070,9 @@ static CUresult synced(CUresult r, int current_only) {
     if (g) {
         __atomic_fetch_add(&g->ctr->syncs, 1, __ATOMIC_RELAXED);
         if (g_tgs.cls == TGS_CLASS_PRODUCTION) {
-            if (tgs_production_idle(g))
-                expect_next(g, tgs_now());
+            uint64_t idle = tgs_production_idle(g);
+            if (idle)
+                expect_next(g, idle);
         } else {
             g->queue_end_ns = 0; /* what it launched is done (on this stream at least) */
         }

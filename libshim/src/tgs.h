@@ -57,7 +57,7 @@ enum tgs_timer {
     TGS_TIMER_BUSY = 2,    /* a thread is recording or reading it */
 };
 enum tgs_drain { /* an opportunistic process's queued work, behind busy production */
-    TGS_DRAIN_NONE = 0,    /* nothing asked since its latest launch */
+    TGS_DRAIN_NONE = 0,    /* never recorded */
     TGS_DRAIN_RUNNING = 1, /* an event is recorded behind it and was not done when last queried */
     TGS_DRAIN_DONE = 2,    /* that event was done: nothing of it runs beside production */
     TGS_DRAIN_UNKNOWN = 3, /* no event could be recorded: taken as running */
@@ -115,6 +115,7 @@ struct tgs_gpu { /* one control-block GPU slot, as this process sees it */
     CUcontext drain_ctx;
     unsigned drain_gen;
     int drain_state;                       /* enum tgs_drain */
+    uint64_t drain_launches;               /* the container's launches when it was recorded */
 };
 
 struct tgs_state {
@@ -165,7 +166,7 @@ TGS_HIDDEN void tgs_agent_send(const void *msg, uint32_t size);
 TGS_HIDDEN void tgs_msg_init(struct tgs_msg_header *h, uint16_t type, uint32_t size);
 
 /* compute.c */
-TGS_HIDDEN int tgs_production_idle(struct tgs_gpu *g); /* 1 when it was busy */
+TGS_HIDDEN uint64_t tgs_production_idle(struct tgs_gpu *g); /* when it went idle; 0: it was not busy */
 TGS_HIDDEN void tgs_compute_after_fork(void);
 
 /* memory.c */

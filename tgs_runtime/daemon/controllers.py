@@ -62,7 +62,6 @@ take turns at it (`take_turns`). Pure logic: no clocks, no I/O.
 from __future__ import annotations
 
 import collections
-import dataclasses
 import enum
 from dataclasses import dataclass, field
 
@@ -91,10 +90,6 @@ class Overlap:
     gated_s: float = 0.0
     overlap_s: float = 0.0
     span_s: float = 0.0
-
-    def __add__(self, o: Overlap) -> Overlap:
-        return Overlap(self.busy_s + o.busy_s, self.gated_s + o.gated_s, self.overlap_s + o.overlap_s,
-                       self.span_s + o.span_s)
 
     @property
     def watched(self) -> bool:
@@ -127,7 +122,7 @@ class Sample:
     # that starts or ends changes production's load, and the moment of the change is no
     # measure of sharing's harm
     production_processes: frozenset[int] = frozenset()
-    overlap: Overlap = Overlap()
+    overlap: Overlap = Overlap()  # in the period (its span is dt)
 
 
 @dataclass(frozen=True)
@@ -175,12 +170,10 @@ class Window:
         return (p / dt if timed is None else timed), o / dt, dt
 
     def overlap(self, since: float = float("-inf")) -> Overlap:
-        """The samples' Overlap after `since`, summed (their span, the samples' length)."""
-        total = Overlap()
-        for s in self.items:
-            if s.t - s.dt >= since - 1e-9:
-                total += dataclasses.replace(s.overlap, span_s=s.dt)
-        return total
+        """The samples' Overlap after `since`, summed, over the samples' length."""
+        seen = [s for s in self.items if s.t - s.dt >= since - 1e-9]
+        return Overlap(sum(s.overlap.busy_s for s in seen), sum(s.overlap.gated_s for s in seen),
+                       sum(s.overlap.overlap_s for s in seen), sum(s.dt for s in seen))
 
     def _timed(self, since: float, covered: float) -> float | None:
         """The containers are those of the latest sample's marks (none: counted); one

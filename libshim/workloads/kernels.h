@@ -5,7 +5,13 @@
  *       runs for ns nanoseconds (every thread spins on %globaltimer).
  *   tgs_step(u64 ns, u64 a, u64 a_bytes, u64 b, u64 b_bytes, u32 stride, u32 delta)
  *       adds delta to the u32 at every address in [a, a+a_bytes) and [b, b+b_bytes)
- *       that is a multiple of stride, then runs until ns nanoseconds after it started.
+ *       that is a multiple of stride, then runs until ns nanoseconds after it started,
+ *       on any grid: only the blocks numbered below %nsmid (at least one per SM, all in
+ *       the first wave) wait out the ns; the others end after their touches. Were every
+ *       block to wait, a grid larger than the GPU holds at once would run in waves of
+ *       ns each (on an H100, which holds 2,112 of these blocks, 2 ms kernels on
+ *       10,000-15,000 blocks ran in 5-8 waves, about 13 ms), while simgpu runs every
+ *       launch ns, whatever its grid.
  *
  * Both kernels use a grid-stride loop, so any launch shape covers the whole range. */
 #ifndef TGS_WORKLOAD_KERNELS_H
@@ -87,12 +93,16 @@ static const char tgs_workload_ptx[] =
     "  ld.param.u64 %rd4, [tgs_step_b];\n"
     "  ld.param.u64 %rd5, [tgs_step_b_bytes];\n"
     TGS_PTX_TOUCH("b")
+    "  mov.u32 %r10, %nsmid;\n"
+    "  setp.ge.u32 %p2, %r1, %r10;\n"
+    "  @%p2 bra $Lend;\n"
     "  ld.param.u64 %rd15, [tgs_step_ns];\n"
     "$Lwait:\n"
     "  mov.u64 %rd16, %globaltimer;\n"
     "  sub.u64 %rd17, %rd16, %rd20;\n"
     "  setp.lt.u64 %p3, %rd17, %rd15;\n"
     "  @%p3 bra $Lwait;\n"
+    "$Lend:\n"
     "  ret;\n"
     "}\n";
 

@@ -6,12 +6,16 @@ from __future__ import annotations
 
 import os
 import shutil
+import statistics
 import subprocess
 import tempfile
 import threading
 import time
+from collections import Counter
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Iterator
 
 from tgs_runtime import sim
 from tgs_runtime.childd import ChildTgsd, merge, own_config
@@ -100,6 +104,42 @@ def _interpolate(pts: list[tuple[float, int]], x: float) -> float | None:
     return float(pts[-1][1])
 
 
+@dataclass
+class ControllerTrace:
+    """tgsd's controller as `tgs status` shows it for GPU 0, sampled while jobs run: what
+    a benchmark's figures alone do not say (did the opportunistic shims watch production,
+    which bound and rate held). `span`: the monotonic window the figures are measured on;
+    only the samples inside it are summed up (all of them while it is None)."""
+    samples: list[tuple[float, dict]] = field(default_factory=list)
+    span: tuple[float, float] | None = None
+
+    def summary(self) -> dict:
+        inside = [c for t, c in self.samples if self.span is None or self.span[0] <= t <= self.span[1]]
+        beside = [c["opportunistic_beside_production"] for c in inside
+                  if c.get("opportunistic_beside_production") is not None]
+        rates = [c["rate_blocks_per_s"] for c in inside if c.get("rate_blocks_per_s") is not None]
+        return {"samples": len(inside),
+                "watched": len(beside),  # samples in which the opportunistic shims watched production
+                "beside_production_per_s_median": round(statistics.median(beside), 4) if beside else None,
+                "unlimited": len(inside) - len(rates),
+                "rate_blocks_per_s_median": round(statistics.median(rates)) if rates else None,
+                "states": dict(Counter(str(c.get("state")) for c in inside)),
+                "inflight_max": dict(Counter(str(c.get("inflight_max")) for c in inside))}
+
+    @staticmethod
+    def describe(s: dict) -> str:
+        """A summary in words."""
+        if not s["samples"]:
+            return "no status samples"
+        beside = s["beside_production_per_s_median"]
+        return (f"the opportunistic shims watched production in {s['watched']} of {s['samples']} status samples"
+                + ("" if beside is None else f", their work beside it {beside:g} s/s (median)")
+                + f"; in-flight bound {s['inflight_max']}; rate unlimited in {s['unlimited']}"
+                + ("" if s["rate_blocks_per_s_median"] is None
+                   else f", else {s['rate_blocks_per_s_median']} blocks/s (median)")
+                + f"; states {s['states']}")
+
+
 def production(duty: float, seconds: float, **kw) -> Workload:
     """The benchmarks' production job: 10 kernels per 20 ms iteration, busy `duty` of it."""
     return Workload.with_duty(duty, period_ms=20, kernels=10, seconds=seconds, **kw)
@@ -148,6 +188,31 @@ class Lab:
         job._reader.start()
         self.jobs.append(job)
         return job
+
+    @contextmanager
+    def trace(self, every: float = 0.5) -> Iterator[ControllerTrace]:
+        """Samples this lab's tgsd's controller for GPU 0 every `every` seconds while the
+        block runs (a sample that fails, tgsd busy or gone, is left out)."""
+        assert self.tgsd, "this lab has no tgsd"
+        trace, done = ControllerTrace(), threading.Event()
+
+        def sample() -> None:
+            while not done.is_set():
+                try:
+                    gpus = self.tgsd.admin.status()["gpus"]
+                    if gpus:
+                        trace.samples.append((time.monotonic(), gpus[0]["controller"]))
+                except (RuntimeError, KeyError):
+                    pass
+                done.wait(every)
+
+        thread = threading.Thread(target=sample, daemon=True)
+        thread.start()
+        try:
+            yield trace
+        finally:
+            done.set()
+            thread.join(15)
 
     def snapshot(self) -> dict | None:
         return sim.status(self.settings.state) if self.settings else None

@@ -8,7 +8,9 @@ priority, opportunistic at below-normal priority on the idle share of the SMs; w
 nvidia-cuda-mps-control exists, else the table says why not; bench/mps.py), TGS fast (both
 in TGS containers of their class, tgsd of our own with a memory budget far below the
 card's). Figures: production / exclusive, opportunistic / exclusive, share of idle time
-(opportunistic ratio / (1 - production's duty))."""
+(opportunistic ratio / (1 - production's duty)); and, for TGS fast's window, what tgsd's
+controller showed (`tgs status` every 0.5 s): whether the opportunistic shims watched
+production, how much of their work ran beside it, the in-flight bound and the rate."""
 from __future__ import annotations
 
 import os
@@ -18,7 +20,7 @@ from pathlib import Path
 
 from bench import mps
 from bench.common import Echo, Outputs, machine, table
-from bench.lab import Job, Lab
+from bench.lab import ControllerTrace, Job, Lab
 
 HERE = Path(__file__).resolve().parent
 
@@ -31,8 +33,10 @@ def argv(model: str, seconds: float, gap_ms: float = 0, batch: int | None = None
     return out
 
 
-def window(jobs: dict[str, Job], seconds: float, timeout: float = 240) -> dict[str, float]:
-    """Waits until every job reports, then measures each over the same wall-clock window."""
+def window(jobs: dict[str, Job], seconds: float, timeout: float = 240,
+           trace: ControllerTrace | None = None) -> dict[str, float]:
+    """Waits until every job reports, then measures each over the same wall-clock window
+    (which `trace`, if given, is told to sum up)."""
     deadline = time.monotonic() + timeout
     while any(not j.arrivals for j in jobs.values()):
         dead = [k for k, j in jobs.items() if j.proc.poll() is not None and not j.arrivals]
@@ -45,6 +49,8 @@ def window(jobs: dict[str, Job], seconds: float, timeout: float = 240) -> dict[s
         time.sleep(0.2)
     w0 = time.monotonic() + 2
     w1 = w0 + seconds
+    if trace is not None:
+        trace.span = (w0, w1)
     time.sleep(max(0.0, w1 + 1 - time.monotonic()))
     rates = {k: j.rate_between(w0, w1) for k, j in jobs.items()}
     for j in jobs.values():
@@ -98,8 +104,10 @@ def run(echo: Echo = print, quick: bool = False, json_path: Path | None = None) 
         jobs = {"prod": lab.run(argv("resnet50", long, gap_ms), "tgs-prod", prod_c),
                 "opp": lab.run(argv("gpt2", long, 0, 8), "tgs-opp", opp_c)}
         time.sleep(0 if quick else 5)  # let the controller profile production first
-        res["fast"] = window(jobs, seconds)
-        echo(f"  TGS fast: {res['fast']}")
+        with lab.trace() as trace:
+            res["fast"] = window(jobs, seconds, trace=trace)
+        res["fast_tgsd"] = trace.summary()
+        echo(f"  TGS fast: {res['fast']}; tgsd: {ControllerTrace.describe(res['fast_tgsd'])}")
     result, md = report(res, duty, gap_ms, quick)
     Outputs("pytorch", json_path).write(result, md, echo)
     return result
@@ -131,5 +139,8 @@ def report(res: dict, duty: float, gap_ms: float, quick: bool) -> tuple[dict, st
           + (f"MPS baseline not run: {res['mps_not_run']}." if res.get("mps_not_run") else
              "MPS: production at normal priority with every SM, opportunistic at below-normal priority "
              "(CUDA_MPS_CLIENT_PRIORITY=1) on the idle share of the SMs (CUDA_MPS_ACTIVE_THREAD_PERCENTAGE), "
-             "neither with libtgs.so."))
+             "neither with libtgs.so.")
+          + ("" if "fast_tgsd" not in res else
+             "\n\ntgsd in TGS fast's window (`tgs status`, every 0.5 s): "
+             + ControllerTrace.describe(res["fast_tgsd"]) + "."))
     return result, md

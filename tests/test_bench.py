@@ -7,12 +7,13 @@ import importlib
 import inspect
 import json
 import sys
+import time
 
 import pytest
 
 from bench.common import Outputs
 from bench.dynamics import settle
-from bench.lab import Job
+from bench.lab import ControllerTrace, Job, Lab, opportunistic, production
 from tgs_runtime.commands.bench import BENCHMARKS
 from tgs_runtime.workload import Report
 
@@ -195,4 +196,45 @@ def test_the_pytorch_table_has_the_mps_row_when_it_ran_and_says_why_when_not():
     res["mps_not_run"] = "nvidia-cuda-mps-control is not installed"
     result, md = report(res, duty=0.4, gap_ms=40, quick=True)
     assert list(result["summary"]) == ["co-execution", "fast"]
-    assert "MPS baseline not run: nvidia-cuda-mps-control is not installed." in md
+    assert "MPS baseline not run: nvidia-cuda-mps-control is not installed." in md and "tgsd in" not in md
+    res["fast_tgsd"] = ControllerTrace([(1.0, {"state": "run", "opportunistic_beside_production": 0.01,
+                                               "rate_blocks_per_s": None, "inflight_max": 2})]).summary()
+    result, md = report(res, duty=0.4, gap_ms=40, quick=True)
+    assert "tgsd in TGS fast's window (`tgs status`, every 0.5 s): the opportunistic shims watched production " \
+           "in 1 of 1 status samples, their work beside it 0.01 s/s (median)" in md
+    assert result["raw"]["fast_tgsd"]["watched"] == 1
+
+
+def test_a_controller_trace_sums_up_only_its_window():
+    def ctl(beside, rate, inflight):
+        return {"state": "run", "opportunistic_beside_production": beside, "rate_blocks_per_s": rate,
+                "inflight_max": inflight}
+
+    trace = ControllerTrace([(0.0, ctl(0.9, 10, 1)), (1.0, ctl(None, None, None)), (2.0, ctl(0.02, 500, 2)),
+                             (3.0, ctl(0.04, 700, 2)), (9.0, ctl(0.9, 10, 1))], span=(0.5, 3.5))
+    s = trace.summary()
+    assert s == {"samples": 3, "watched": 2, "beside_production_per_s_median": 0.03, "unlimited": 1,
+                 "rate_blocks_per_s_median": 600, "states": {"run": 3}, "inflight_max": {"None": 1, "2": 2}}
+    words = ControllerTrace.describe(s)
+    assert "watched production in 2 of 3 status samples" in words and "0.03 s/s" in words
+    assert ControllerTrace.describe(ControllerTrace().summary()) == "no status samples"
+
+
+def test_a_lab_traces_what_its_tgsd_saw_while_jobs_ran(libshim):
+    """Through simgpu: 1 ms opportunistic kernels beside production at 50 % duty wait behind
+    it, and the trace of tgsd's status says so. (The figure covers 3 s, and both jobs'
+    start, before the first profile gates the opportunistic one, counts in it: the window
+    measured begins after that.)"""
+    with Lab(tgsd={}) as lab:
+        prod_c, opp_c = lab.container("production"), lab.container("opportunistic")
+        jobs = [lab.run(production(0.5, 9), "prod", prod_c), lab.run(opportunistic(9), "opp", opp_c)]
+        with lab.trace(every=0.25) as trace:
+            t0 = time.monotonic()
+            trace.span = (t0 + 5, t0 + 7)
+            time.sleep(7.5)
+        for j in jobs:
+            j.kill()
+    s = trace.summary()
+    assert 6 <= s["samples"] <= 9, s
+    assert s["states"].get("run", 0) >= s["samples"] // 2, s
+    assert s["watched"] >= s["samples"] // 2 and s["beside_production_per_s_median"] < 0.1, s

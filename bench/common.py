@@ -138,20 +138,32 @@ def standalone_containers(uuids: list[str], classes: dict[str, proto.Class],
                 budget(name, cb)
             blocks.append(cb)
             dirs[name] = cp.dir
-        stop = threading.Event()
+        def beat() -> None:
+            for cb in blocks:
+                cb.heartbeat()
 
-        def beat():
-            while not stop.is_set():
-                for cb in blocks:
-                    cb.heartbeat()
-                stop.wait(0.1)
-
-        t = threading.Thread(target=beat, daemon=True)
-        t.start()
         try:
-            yield dirs
+            with every(0.1, beat):
+                yield dirs
         finally:
-            stop.set()
-            t.join()
             for x in blocks + acts:
                 x.close()
+
+
+@contextlib.contextmanager
+def every(period: float, fn: Callable[[], None]) -> Iterator[None]:
+    """Calls `fn` every `period` seconds, in a thread of its own, while the block runs."""
+    stop = threading.Event()
+
+    def loop() -> None:
+        while not stop.is_set():
+            fn()
+            stop.wait(period)
+
+    t = threading.Thread(target=loop, daemon=True)
+    t.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        t.join(15)

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterator
 
+from bench.common import every
 from tgs_runtime import sim
 from tgs_runtime.childd import ChildTgsd, merge, own_config
 from tgs_runtime.paths import artifacts
@@ -190,29 +191,22 @@ class Lab:
         return job
 
     @contextmanager
-    def trace(self, every: float = 0.5) -> Iterator[ControllerTrace]:
-        """Samples this lab's tgsd's controller for GPU 0 every `every` seconds while the
+    def trace(self, period: float = 0.5) -> Iterator[ControllerTrace]:
+        """Samples this lab's tgsd's controller for GPU 0 every `period` seconds while the
         block runs (a sample that fails, tgsd busy or gone, is left out)."""
         assert self.tgsd, "this lab has no tgsd"
-        trace, done = ControllerTrace(), threading.Event()
+        trace = ControllerTrace()
 
         def sample() -> None:
-            while not done.is_set():
-                try:
-                    gpus = self.tgsd.admin.status()["gpus"]
-                    if gpus:
-                        trace.samples.append((time.monotonic(), gpus[0]["controller"]))
-                except (RuntimeError, KeyError):
-                    pass
-                done.wait(every)
+            try:
+                gpus = self.tgsd.admin.status()["gpus"]
+                if gpus:
+                    trace.samples.append((time.monotonic(), gpus[0]["controller"]))
+            except (RuntimeError, KeyError):
+                pass
 
-        thread = threading.Thread(target=sample, daemon=True)
-        thread.start()
-        try:
+        with every(period, sample):
             yield trace
-        finally:
-            done.set()
-            thread.join(15)
 
     def snapshot(self) -> dict | None:
         return sim.status(self.settings.state) if self.settings else None

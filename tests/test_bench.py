@@ -228,7 +228,7 @@ def test_a_lab_traces_what_its_tgsd_saw_while_jobs_ran(libshim):
     with Lab(tgsd={}) as lab:
         prod_c, opp_c = lab.container("production"), lab.container("opportunistic")
         jobs = [lab.run(production(0.5, 9), "prod", prod_c), lab.run(opportunistic(9), "opp", opp_c)]
-        with lab.trace(every=0.25) as trace:
+        with lab.trace(period=0.25) as trace:
             t0 = time.monotonic()
             trace.span = (t0 + 5, t0 + 7)
             time.sleep(7.5)

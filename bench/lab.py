@@ -107,25 +107,47 @@ def _interpolate(pts: list[tuple[float, int]], x: float) -> float | None:
 
 @dataclass
 class ControllerTrace:
-    """tgsd's controller as `tgs status` shows it for GPU 0, sampled while jobs run: what
-    a benchmark's figures alone do not say (did the opportunistic shims watch production,
-    which bound and rate held). `span`: the monotonic window the figures are measured on;
-    only the samples inside it are summed up (all of them while it is None)."""
+    """GPU 0 as `tgs status` shows it (its controller and containers), sampled while jobs
+    run: what a benchmark's figures alone do not say (how much of the time production's
+    shims counted it busy and the opportunistic ones waited behind it, whether they
+    watched it, which bound and rate held). `span`: the monotonic window the figures are
+    measured on; only the samples inside it are summed up (all of them while it is None)."""
     samples: list[tuple[float, dict]] = field(default_factory=list)
     span: tuple[float, float] | None = None
 
     def summary(self) -> dict:
-        inside = [c for t, c in self.samples if self.span is None or self.span[0] <= t <= self.span[1]]
-        beside = [c["opportunistic_beside_production"] for c in inside
+        inside = [(t, g) for t, g in self.samples if self.span is None or self.span[0] <= t <= self.span[1]]
+        ctl = [g["controller"] for _, g in inside]
+        beside = [c["opportunistic_beside_production"] for c in ctl
                   if c.get("opportunistic_beside_production") is not None]
-        rates = [c["rate_blocks_per_s"] for c in inside if c.get("rate_blocks_per_s") is not None]
+        rates = [c["rate_blocks_per_s"] for c in ctl if c.get("rate_blocks_per_s") is not None]
         return {"samples": len(inside),
                 "watched": len(beside),  # samples in which the opportunistic shims watched production
                 "beside_production_per_s_median": round(statistics.median(beside), 4) if beside else None,
+                **self._counted(inside),
                 "unlimited": len(inside) - len(rates),
                 "rate_blocks_per_s_median": round(statistics.median(rates)) if rates else None,
-                "states": dict(Counter(str(c.get("state")) for c in inside)),
-                "inflight_max": dict(Counter(str(c.get("inflight_max")) for c in inside))}
+                "states": dict(Counter(str(c.get("state")) for c in ctl)),
+                "inflight_max": dict(Counter(str(c.get("inflight_max")) for c in ctl))}
+
+    @staticmethod
+    def _counted(inside: list[tuple[float, dict]]) -> dict:
+        """Per second between the first and the last sample, from the containers' counters
+        (those in both): production busy (the busiest production container), opportunistic
+        waiting behind it and its work beside it (summed). None: fewer than two samples."""
+        keys = ("production_busy_per_s", "opportunistic_gated_per_s", "opportunistic_beside_per_s")
+        if len(inside) < 2 or inside[-1][0] <= inside[0][0]:
+            return dict.fromkeys(keys)
+        (t0, g0), (t1, g1) = inside[0], inside[-1]
+        first = {c["id"]: c for c in g0["containers"]}
+        grew = [(c["class"], {k: c.get(k, 0) - first[c["id"]].get(k, 0) for k in ("busy_s", "gated_s",
+                                                                                   "beside_production_s")})
+                for c in g1["containers"] if c["id"] in first]
+        dt = t1 - t0
+        opp = [d for cls, d in grew if cls == "opportunistic"]
+        return dict(zip(keys, (round(max((d["busy_s"] for cls, d in grew if cls == "production"), default=0) / dt, 3),
+                               round(sum(d["gated_s"] for d in opp) / dt, 3),
+                               round(sum(d["beside_production_s"] for d in opp) / dt, 4))))
 
     @staticmethod
     def describe(s: dict) -> str:
@@ -133,9 +155,13 @@ class ControllerTrace:
         if not s["samples"]:
             return "no status samples"
         beside = s["beside_production_per_s_median"]
+        counted = ("" if s["production_busy_per_s"] is None else
+                   f"; production's shims counted it busy {s['production_busy_per_s']:g} s/s, the opportunistic "
+                   f"ones waited behind it {s['opportunistic_gated_per_s']:g} s/s with their own work beside it "
+                   f"{s['opportunistic_beside_per_s']:g} s/s")
         return (f"the opportunistic shims watched production in {s['watched']} of {s['samples']} status samples"
-                + ("" if beside is None else f", their work beside it {beside:g} s/s (median)")
-                + f"; in-flight bound {s['inflight_max']}; rate unlimited in {s['unlimited']}"
+                + ("" if beside is None else f" (the controller's figure beside it: {beside:g} s/s, median)")
+                + counted + f"; in-flight bound {s['inflight_max']}; rate unlimited in {s['unlimited']}"
                 + ("" if s["rate_blocks_per_s_median"] is None
                    else f", else {s['rate_blocks_per_s_median']} blocks/s (median)")
                 + f"; states {s['states']}")
@@ -192,7 +218,7 @@ class Lab:
 
     @contextmanager
     def trace(self, period: float = 0.5) -> Iterator[ControllerTrace]:
-        """Samples this lab's tgsd's controller for GPU 0 every `period` seconds while the
+        """Samples this lab's tgsd's status of GPU 0 every `period` seconds while the
         block runs (a sample that fails, tgsd busy or gone, is left out)."""
         assert self.tgsd, "this lab has no tgsd"
         trace = ControllerTrace()
@@ -201,7 +227,7 @@ class Lab:
             try:
                 gpus = self.tgsd.admin.status()["gpus"]
                 if gpus:
-                    trace.samples.append((time.monotonic(), gpus[0]["controller"]))
+                    trace.samples.append((time.monotonic(), gpus[0]))
             except (RuntimeError, KeyError):
                 pass
 

@@ -8,9 +8,10 @@ priority, opportunistic at below-normal priority on the idle share of the SMs; w
 nvidia-cuda-mps-control exists, else the table says why not; bench/mps.py), TGS fast (both
 in TGS containers of their class, tgsd of our own with a memory budget far below the
 card's). Figures: production / exclusive, opportunistic / exclusive, share of idle time
-(opportunistic ratio / (1 - production's duty)); and, for TGS fast's window, what tgsd's
-controller showed (`tgs status` every 0.5 s): whether the opportunistic shims watched
-production, how much of their work ran beside it, the in-flight bound and the rate."""
+(opportunistic ratio / (1 - production's duty)); and, for TGS fast's window, what tgsd
+showed (`tgs status` every 0.5 s): how much of each second production's shims counted it
+busy and the opportunistic ones waited behind it, whether they watched production, how
+much of their work ran beside it, the in-flight bound and the rate."""
 from __future__ import annotations
 
 import os

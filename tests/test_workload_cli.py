@@ -46,6 +46,20 @@ def test_kernels_can_come_on_several_grid_sizes_in_turn(simgpu):
     assert simgpu.context("w")["blocks"] == want
 
 
+def test_host_work_mid_iteration_overlaps_the_kernels_queued_before_it(simgpu):
+    """--host-us: after the first half of an iteration's kernels is queued, the job works on
+    the host while the GPU runs them. 1 ms of it behind 2 ms of queued kernels costs the
+    engine nothing; 6 ms leaves it idle for 4 ms of each 8 ms iteration (simgpu's engine
+    time against the run's length)."""
+    busy = {}
+    for host_us in (1000, 6000):
+        w = Workload(kernel_us=1000, kernels=4, host_us=host_us, iterations=60, seconds=30)
+        p = simgpu.run(w, f"host{host_us}")
+        assert p.popen.returncode == 0, p.stderr
+        busy[host_us] = simgpu.context(f"host{host_us}")["busy_ns"] / 1e9 / parse_output(p.stdout)[-1].elapsed_s
+    assert busy[1000] >= 0.85 and 0.35 <= busy[6000] <= 0.6, busy
+
+
 @pytest.mark.parametrize("args,message", [
     (["--kernels", "0"], "--kernels 0"),
     (["--seconds", "abc"], "--seconds abc"),
@@ -53,6 +67,7 @@ def test_kernels_can_come_on_several_grid_sizes_in_turn(simgpu):
     (["extra"], "unexpected argument extra"),
     (["--kernels", "4", "--long-kernels", "5"], "--long-kernels 5: more than the 4 kernels"),
     (["--shapes", "0"], "--shapes 0"),
+    (["--host-us", "-1"], "--host-us -1"),
 ])
 def test_bad_flags(simgpu, args, message):
     proc = subprocess.run([str(simgpu.artifacts.workload), *args], env=simgpu.env("w"), capture_output=True,

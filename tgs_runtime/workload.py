@@ -28,6 +28,7 @@ class Workload:
     long_kernels: int = 0           # the last this many kernels of each iteration run long_us
     long_us: float | None = None
     shapes: int = 1                 # kernel i of the run is on grid size i % shapes
+    host_us: float = 0              # host work once the first half of an iteration's kernels is queued
 
     @property
     def duty(self) -> float:
@@ -70,6 +71,8 @@ class Workload:
             out += ["--long-us", f"{self.long_us:g}"]
         if self.shapes != 1:
             out += ["--shapes", str(self.shapes)]
+        if self.host_us:
+            out += ["--host-us", f"{self.host_us:g}"]
         return out
 
     def argv(self, binary: Path | None = None) -> list[str]:

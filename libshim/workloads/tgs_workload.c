@@ -58,7 +58,8 @@ static struct {
     long long_kernels; /* the last this many kernels of each iteration run long_us */
     double long_us;    /* -1: --kernel-us */
     long shapes;       /* kernel i of the run is on grid size i % shapes */
-} opt = {1000, 0, 10, 1, -1, 10, 16, 16, 0, 0, 0, 0, 0, 0, -1, 1};
+    double host_us;    /* host work after the first half of each iteration's kernels */
+} opt = {1000, 0, 10, 1, -1, 10, 16, 16, 0, 0, 0, 0, 0, 0, -1, 1, 0};
 
 static double now_s(void) {
     struct timespec ts;
@@ -147,6 +148,9 @@ static void usage(FILE *f) {
             "                   ones: twice (SMs + N-1), plus that many); N kernels of each kind to\n"
             "                   whoever tells kernels apart by their grid, as dynamic shapes (default 1)\n"
             "  --gap-us US      CPU time between iterations (default 0: GPU-bound)\n"
+            "  --host-us US     host work in each iteration once the first half of its kernels is queued,\n"
+            "                   while the GPU runs them (a framework's work between launches; the\n"
+            "                   thread sleeps; default 0)\n"
             "  --seconds S      how long to run (default 10)\n"
             "  --iterations N   stop after N iterations instead (a job of fixed work; --seconds still caps it)\n"
             "  --param-mb MB    parameter memory, touched every iteration (default 16)\n"
@@ -177,7 +181,7 @@ static void parse(int argc, char **argv) {
         {"param-mb", 1, 0, 'p'},  {"act-mb", 1, 0, 'a'},  {"device", 1, 0, 'd'},   {"report-s", 1, 0, 'r'},
         {"warmup-s", 1, 0, 'w'},  {"verify", 0, 0, 'v'},  {"managed", 0, 0, 'm'},  {"json", 0, 0, 'j'},
         {"print-ptx", 0, 0, 'P'}, {"help", 0, 0, 'h'},    {"iterations", 1, 0, 'n'}, {"long-kernels", 1, 0, 'L'},
-        {"long-us", 1, 0, 'U'},   {"shapes", 1, 0, 'S'},    {0, 0, 0, 0}};
+        {"long-us", 1, 0, 'U'},   {"shapes", 1, 0, 'S'},    {"host-us", 1, 0, 'H'},   {0, 0, 0, 0}};
     int c;
     while ((c = getopt_long(argc, argv, "h", longs, NULL)) != -1) {
         switch (c) {
@@ -194,6 +198,7 @@ static void parse(int argc, char **argv) {
         case 'L': opt.long_kernels = (long)parse_num("--long-kernels", optarg, 0, 100000); break;
         case 'U': opt.long_us = parse_num("--long-us", optarg, 0, 60e6); break;
         case 'S': opt.shapes = (long)parse_num("--shapes", optarg, 1, 100000); break;
+        case 'H': opt.host_us = parse_num("--host-us", optarg, 0, 60e6); break;
         case 'v': opt.verify = 1; break;
         case 'm': opt.managed = 1; break;
         case 'j': opt.json = 1; break;
@@ -365,6 +370,8 @@ int main(int argc, char **argv) {
             unsigned widest = (unsigned)sms + (unsigned)opt.shapes - 1;
             unsigned blocks = is_long ? 2 * widest + shape : (unsigned)sms + shape;
             CHECK(cu.LaunchKernel(step, blocks, 1, 1, 128, 1, 1, 0, NULL, args, NULL), "cuLaunchKernel");
+            if (k + 1 == (K + 1) / 2)
+                sleep_us(opt.host_us);
         }
         CHECK(cu.CtxSynchronize(), "cuCtxSynchronize");
         it++;

@@ -109,9 +109,10 @@ def _interpolate(pts: list[tuple[float, int]], x: float) -> float | None:
 class ControllerTrace:
     """GPU 0 as `tgs status` shows it (its controller and containers), sampled while jobs
     run: what a benchmark's figures alone do not say (how much of the time production's
-    shims counted it busy and the opportunistic ones waited behind it, whether they
-    watched it, which bound and rate held). `span`: the monotonic window the figures are
-    measured on; only the samples inside it are summed up (all of them while it is None)."""
+    shims counted it busy, in how many iterations, how long the opportunistic ones waited
+    behind it and whether they watched it, which bound and rate held). `span`: the
+    monotonic window the figures are measured on; only the samples inside it are summed
+    up (all of them while it is None)."""
     samples: list[tuple[float, dict]] = field(default_factory=list)
     span: tuple[float, float] | None = None
 
@@ -135,17 +136,20 @@ class ControllerTrace:
         """Per second between the first and the last sample, from the containers' counters
         (those in both): production busy (the busiest production container), opportunistic
         waiting behind it and its work beside it (summed). None: fewer than two samples."""
-        keys = ("production_busy_per_s", "opportunistic_gated_per_s", "opportunistic_beside_per_s")
+        keys = ("production_busy_per_s", "production_iteration_starts_per_s", "opportunistic_gated_per_s",
+                "opportunistic_beside_per_s")
         if len(inside) < 2 or inside[-1][0] <= inside[0][0]:
             return dict.fromkeys(keys)
         (t0, g0), (t1, g1) = inside[0], inside[-1]
         first = {c["id"]: c for c in g0["containers"]}
-        grew = [(c["class"], {k: c.get(k, 0) - first[c["id"]].get(k, 0) for k in ("busy_s", "gated_s",
-                                                                                   "beside_production_s")})
+        grew = [(c["class"], {k: c.get(k, 0) - first[c["id"]].get(k, 0)
+                              for k in ("busy_s", "iteration_starts", "gated_s", "beside_production_s")})
                 for c in g1["containers"] if c["id"] in first]
         dt = t1 - t0
+        prod = [d for cls, d in grew if cls == "production"]
         opp = [d for cls, d in grew if cls == "opportunistic"]
-        return dict(zip(keys, (round(max((d["busy_s"] for cls, d in grew if cls == "production"), default=0) / dt, 3),
+        return dict(zip(keys, (round(max((d["busy_s"] for d in prod), default=0) / dt, 3),
+                               round(sum(d["iteration_starts"] for d in prod) / dt, 2),
                                round(sum(d["gated_s"] for d in opp) / dt, 3),
                                round(sum(d["beside_production_s"] for d in opp) / dt, 4))))
 
@@ -156,7 +160,8 @@ class ControllerTrace:
             return "no status samples"
         beside = s["beside_production_per_s_median"]
         counted = ("" if s["production_busy_per_s"] is None else
-                   f"; production's shims counted it busy {s['production_busy_per_s']:g} s/s, the opportunistic "
+                   f"; production's shims counted it busy {s['production_busy_per_s']:g} s/s in "
+                   f"{s['production_iteration_starts_per_s']:g} iterations/s, the opportunistic "
                    f"ones waited behind it {s['opportunistic_gated_per_s']:g} s/s with their own work beside it "
                    f"{s['opportunistic_beside_per_s']:g} s/s")
         return (f"the opportunistic shims watched production in {s['watched']} of {s['samples']} status samples"

@@ -143,5 +143,13 @@ def report(res: dict, duty: float, gap_ms: float, quick: bool) -> tuple[dict, st
              "neither with libtgs.so.")
           + ("" if "fast_tgsd" not in res else
              "\n\ntgsd in TGS fast's window (`tgs status`, every 0.5 s): "
-             + ControllerTrace.describe(res["fast_tgsd"]) + "."))
+             + ControllerTrace.describe(res["fast_tgsd"]) + "." + _starts_per_step(res)))
     return result, md
+
+
+def _starts_per_step(res: dict) -> str:
+    """Iteration starts production's shims marked per ResNet-50 step (1: the step's one
+    synchronisation; more: it synchronises within the step, and each one opens the gate)."""
+    starts = res["fast_tgsd"].get("production_iteration_starts_per_s")
+    steps = res["fast"]["prod"]
+    return "" if not starts or not steps else f" That is {starts / steps:.2f} iteration starts per ResNet-50 step."

@@ -197,21 +197,25 @@ def test_the_pytorch_table_has_the_mps_row_when_it_ran_and_says_why_when_not():
     result, md = report(res, duty=0.4, gap_ms=40, quick=True)
     assert list(result["summary"]) == ["co-execution", "fast"]
     assert "MPS baseline not run: nvidia-cuda-mps-control is not installed." in md and "tgsd in" not in md
-    res["fast_tgsd"] = ControllerTrace([(1.0, {"controller": {"state": "run", "opportunistic_beside_production": 0.01,
-                                                              "rate_blocks_per_s": None, "inflight_max": 2},
-                                               "containers": []})]).summary()
+    def gpu(t):
+        return {"controller": {"state": "run", "opportunistic_beside_production": 0.01, "rate_blocks_per_s": None,
+                               "inflight_max": 2},
+                "containers": [{"id": "p", "class": "production", "busy_s": 0.5 * t, "iteration_starts": int(29.4 * t)}]}
+
+    res["fast_tgsd"] = ControllerTrace([(t, gpu(t)) for t in (1.0, 6.0)]).summary()
     result, md = report(res, duty=0.4, gap_ms=40, quick=True)
     assert "tgsd in TGS fast's window (`tgs status`, every 0.5 s): the opportunistic shims watched production " \
-           "in 1 of 1 status samples (the controller's figure beside it: 0.01 s/s, median)" in md
-    assert result["raw"]["fast_tgsd"]["watched"] == 1
+           "in 2 of 2 status samples (the controller's figure beside it: 0.01 s/s, median)" in md
+    assert "That is 2.00 iteration starts per ResNet-50 step." in md  # 29.4 starts/s at 14.7 it/s
+    assert result["raw"]["fast_tgsd"]["watched"] == 2
 
 
 def test_a_controller_trace_sums_up_only_its_window():
     def gpu(beside, rate, inflight, busy, gated, overlap):
         return {"controller": {"state": "run", "opportunistic_beside_production": beside, "rate_blocks_per_s": rate,
                                "inflight_max": inflight},
-                "containers": [{"id": "p", "class": "production", "busy_s": busy, "gated_s": 0,
-                                "beside_production_s": 0},
+                "containers": [{"id": "p", "class": "production", "busy_s": busy, "iteration_starts": int(busy * 100),
+                                "gated_s": 0, "beside_production_s": 0},
                                {"id": "o", "class": "opportunistic", "busy_s": 0, "gated_s": gated,
                                 "beside_production_s": overlap}]}
 
@@ -220,10 +224,11 @@ def test_a_controller_trace_sums_up_only_its_window():
                              (9.0, gpu(0.9, 10, 1, 50, 50, 50))], span=(0.5, 3.5))
     s = trace.summary()
     assert s == {"samples": 3, "watched": 2, "beside_production_per_s_median": 0.03, "production_busy_per_s": 0.5,
-                 "opportunistic_gated_per_s": 0.45, "opportunistic_beside_per_s": 0.01, "unlimited": 1,
+                 "production_iteration_starts_per_s": 50.0, "opportunistic_gated_per_s": 0.45, "opportunistic_beside_per_s": 0.01, "unlimited": 1,
                  "rate_blocks_per_s_median": 600, "states": {"run": 3}, "inflight_max": {"None": 1, "2": 2}}
     words = ControllerTrace.describe(s)
-    assert "production's shims counted it busy 0.5 s/s, the opportunistic ones waited behind it 0.45 s/s" in words
+    assert "production's shims counted it busy 0.5 s/s in 50 iterations/s, the opportunistic ones waited behind it " \
+           "0.45 s/s" in words
     assert "watched production in 2 of 3 status samples" in words and "0.03 s/s" in words
     assert ControllerTrace.describe(ControllerTrace().summary()) == "no status samples"
     one = ControllerTrace(trace.samples[:1]).summary()
@@ -249,5 +254,6 @@ def test_a_lab_traces_what_its_tgsd_saw_while_jobs_ran(libshim):
     assert s["states"].get("run", 0) >= s["samples"] // 2, s
     assert s["watched"] >= s["samples"] // 2 and s["beside_production_per_s_median"] < 0.1, s
     assert 0.35 <= s["production_busy_per_s"] <= 0.7, s
+    assert 40 <= s["production_iteration_starts_per_s"] <= 55, s  # its 20 ms iterations (50/s)
     assert s["opportunistic_gated_per_s"] >= 0.8 * s["production_busy_per_s"], s
     assert s["opportunistic_beside_per_s"] < 0.1, s

@@ -373,8 +373,8 @@ def test_status_schema(simgpu, tgsd, libshim):
             "gate", "opportunistic_beside_production"} <= set(g["controller"])
     c = g["containers"][0]
     assert c["id"] == opp.id and c["class"] == "opportunistic"
-    assert {"budget_blocks_per_s", "inflight_max", "progress_blocks_per_s", "attained_blocks", "memory", "busy_s",
-            "gated_s", "beside_production_s"} <= set(c)
+    assert {"budget_blocks_per_s", "inflight_max", "progress_blocks_per_s", "attained_blocks", "memory", "syncs",
+            "iteration_starts", "busy_s", "gated_s", "beside_production_s"} <= set(c)
     assert {"footprint", "resident", "evicted", "quota"} <= set(c["memory"])
     human = subprocess.run([sys.executable, "-m", "tgs_runtime", "status", "--state-dir", str(d.state_dir)],
                            capture_output=True, text=True, timeout=30)

@@ -701,6 +701,7 @@ class Daemon:
                     else st.share.turn.holder == c.id,
                     "progress_blocks_per_s": round(c.achieved[slot], 1), "launches": ctr.launches,
                     "attained_blocks": ctr.blocks, "throttled_s": round(ctr.throttled_ns / 1e9, 3),
+                    "syncs": ctr.syncs, "iteration_starts": ctr.mark_seq // 2,
                     "busy_s": round(ctr.busy_ns / 1e9, 3), "gated_s": round(ctr.gated_ns / 1e9, 3),
                     "beside_production_s": round(ctr.overlap_ns / 1e9, 3),
                     "memory": {"footprint": c.footprint(slot), "quota": b.mem_quota_bytes or None,

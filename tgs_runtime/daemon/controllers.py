@@ -230,6 +230,7 @@ class FastController:
     INFLIGHT_RETRY_S = 10.0       # the in-flight bound, lowered, is tried again after this
     INFLIGHT_RETRY_MAX_S = 320.0  # ... doubled each time the try fails, up to this
     INFLIGHT_TRY_S = 10.0         # a try that production holds this long has succeeded
+    INFLIGHT_DEEPEST = 8          # a bound production holds is tried twice as deep, up to this
     OWN_FALL_PART = 0.25          # overlap below this part of a fall: the fall is production's own
 
     def __init__(self, cfg: ControlConfig):
@@ -253,9 +254,14 @@ class FastController:
         self.profiled_at = float("-inf")
         self.progress = 0.0
         self.inflight = cfg.inflight
+        self.held = cfg.inflight  # the deepest bound production has held through a trial (of this load)
         self.lowered_at: float | None = None  # when the in-flight bound was lowered to one
         self.retry_s = self.INFLIGHT_RETRY_S  # how long after that it is tried again
-        self.trying_since: float | None = None  # the configured bound is on trial since
+        self.trying_since: float | None = None  # the bound is on trial since
+        self.deeper = False  # the trial is of a deeper bound than `held`
+        self.deepen_s = self.INFLIGHT_RETRY_S  # after a deeper trial failed, the next waits this long
+        self.deeper_at = float("-inf")  # ... until then
+        self.calm_since: float | None = None  # production has held since (no violation, no bound change)
         self.idle = False  # production attached but launching nothing
         self.processes: frozenset[int] = frozenset()  # production's, as of the last sample
         self.turnover_at: float | None = None  # a production process started or ended then: judge the load
@@ -271,32 +277,66 @@ class FastController:
 
     def _restore_inflight(self) -> None:
         """A new load starts from the configured in-flight bound, with no trials behind it."""
-        self.inflight = self.cfg.inflight
-        self.lowered_at = self.trying_since = None
-        self.retry_s = self.INFLIGHT_RETRY_S
+        self.inflight = self.held = self.cfg.inflight
+        self.lowered_at = self.trying_since = self.calm_since = None
+        self.retry_s = self.deepen_s = self.INFLIGHT_RETRY_S
+        self.deeper, self.deeper_at = False, float("-inf")
+
+    def _set_inflight(self, t: float, bound: int, trial: bool = False, deeper: bool = False) -> None:
+        self.inflight, self.deeper = bound, deeper
+        self.trying_since = t if trial else None
+        self.calm_since = None
+        self._change(t)
 
     def _lower_inflight(self, t: float) -> None:
-        """Harm: production waits behind fewer kernels. A trial of the configured bound
-        that ends this way doubles the wait before the next."""
+        """Harm: production waits behind fewer kernels. A trial of the bound that ends this
+        way doubles the wait before the next; the next is of the configured bound (what
+        production held before may be too deep for its load now)."""
         if self.trying_since is not None:
             self.retry_s = min(2 * self.retry_s, self.INFLIGHT_RETRY_MAX_S)
-        self.inflight = 1
-        self.lowered_at, self.trying_since = t, None
-        self._change(t)
+        self.held = self.cfg.inflight
+        self.lowered_at = t
+        self._set_inflight(t, 1)
+
+    def _shallower(self, t: float) -> None:
+        """Harm in a trial of a deeper bound: back to the one production held, and the next
+        deeper trial waits twice as long as the last one did."""
+        self.deeper_at = t + self.deepen_s
+        self.deepen_s = min(2 * self.deepen_s, self.INFLIGHT_RETRY_MAX_S)
+        self._set_inflight(t, self.held)
 
     def _retry_inflight(self, t: float) -> bool:
-        """Production holds: settles a trial of the configured bound, or starts one when
-        the bound was lowered long enough ago and no rate limit is left. Whether it did."""
-        if self.trying_since is not None and t - self.trying_since >= self.INFLIGHT_TRY_S:
+        """Production holds: settles a trial it held long enough, or, with no rate limit
+        left, starts one: of the bound it last held, once the bound lowered to one has
+        waited long enough; or of a bound twice as deep as the one it holds (up to
+        INFLIGHT_DEEPEST), once it has held that one a trial's length. Deeper bounds let a
+        job whose host work between launches outlasts a shallow queue keep the GPU busy
+        meanwhile (on simgpu, 100 us kernels with 3 ms of host work mid-iteration got 0.805
+        of the idle time under the default bound, 0.983 unbounded); production's harm
+        ends a trial as it ends any. Whether it changed the bound."""
+        if self.trying_since is not None:
+            if t - self.trying_since < self.INFLIGHT_TRY_S:
+                return False
+            self.held, self.calm_since = self.inflight, self.trying_since  # the trial was calm
             self.trying_since = self.lowered_at = None
             self.retry_s = self.INFLIGHT_RETRY_S
-        if (self.inflight != 1 or self.lowered_at is None or self.rate != UNLIMITED
-                or t - self.lowered_at < self.retry_s):
+            if self.deeper:
+                self.deeper, self.deepen_s = False, self.INFLIGHT_RETRY_S
+        if self.rate != UNLIMITED:
             return False
-        self.inflight = self.cfg.inflight
-        self.lowered_at, self.trying_since = None, t
-        self._change(t)
-        return True
+        if self.lowered_at is not None:
+            if self.inflight != 1 or t - self.lowered_at < self.retry_s:
+                return False
+            self.lowered_at = None
+            self._set_inflight(t, self.held, trial=True)
+            return True
+        if self.calm_since is None:
+            self.calm_since = t
+        if (0 < self.inflight < self.INFLIGHT_DEEPEST and t - self.calm_since >= self.INFLIGHT_TRY_S
+                and t >= self.deeper_at):
+            self._set_inflight(t, min(2 * self.inflight, self.INFLIGHT_DEEPEST), trial=True, deeper=True)
+            return True
+        return False
 
     def _budget(self) -> Budget:
         """Without production on the GPU, opportunistic work has no limit at all: not even the
@@ -505,6 +545,7 @@ class FastController:
                 self.cuts = 0
                 self.checked = False
             self.violations += 1
+            self.calm_since = None
             # a cut brings back about the part of the harm it takes off the rate, and may
             # not show within a second (work queued before it still runs: long kernels
             # reading evicted memory over the bus): two cuts that bring back nothing say
@@ -536,7 +577,11 @@ class FastController:
                 self.checked = True
                 self._profile(t, periodic=True, check=True)
                 return self._budget()
-            if self.inflight != 1:  # first, fewer kernels for production to wait behind
+            if self.deeper:  # first, back to the bound production held
+                self._shallower(t)
+                if self.violation_p >= (1 - 4 * tol) * solo:
+                    return self._budget()
+            elif self.inflight != 1:  # first, fewer kernels for production to wait behind
                 self._lower_inflight(t)
                 if self.violation_p >= (1 - 4 * tol) * solo:
                     return self._budget()

@@ -11,8 +11,11 @@ opportunistic job of 20 us kernels (as short as most of a PyTorch job's), beside
 each of those on 5,000 grid sizes in turn (a framework's dynamic shapes: every kernel new
 to the shim), show that the in-flight bound neither starves short kernels nor lets a run
 of long ones queue up behind production, and that anticipation does not start a long
-kernel it has never timed just before production is due. TGS_BENCH_CONTROLLERS=fast (a
-comma list) runs only those controllers, for a shorter run."""
+kernel it has never timed just before production is due. A fifth, beside 100 us kernels
+with 3 ms of host work in the middle of each iteration (a framework's Python between its
+launches), shows the bound deepening where production holds, so that the GPU runs what
+was queued while the job works on the host. TGS_BENCH_CONTROLLERS=fast (a comma list)
+runs only those controllers, for a shorter run."""
 from __future__ import annotations
 
 import time
@@ -47,10 +50,16 @@ def mixed_dynamic_shapes(seconds: float, **kw) -> Workload:
     return mixed_kernels(seconds, shapes=5000, **kw)
 
 
+def host_work(seconds: float, **kw) -> Workload:
+    """100 kernels of 100 us per iteration, with 3 ms of host work after the first 50."""
+    return Workload(kernel_us=100, kernels=100, host_us=3000, seconds=seconds, **kw)
+
+
 # rows of `fast` at SHORT_DUTY beside other opportunistic jobs: name, the job
 KERNEL_ROWS = (("fast, 20 us kernels", short_kernels), ("fast, 20 us kernels, 5,000 shapes", dynamic_shapes),
                ("fast, 10 us + 2 ms kernels", mixed_kernels),
-               ("fast, 10 us + 2 ms kernels, 5,000 shapes", mixed_dynamic_shapes))
+               ("fast, 10 us + 2 ms kernels, 5,000 shapes", mixed_dynamic_shapes),
+               ("fast, 100 us kernels + 3 ms host work", host_work))
 
 
 def measure(lab: Lab, jobs: dict, t0: float, t1: float) -> dict:
@@ -132,8 +141,9 @@ def run(echo: Echo = print, quick: bool = False, json_path: Path | None = None) 
           + table(["setting", "production duty", "production / solo", "opportunistic / exclusive",
                    "share of idle time", "GPU busy"], rows)
           + "\n\nProduction: 10 kernels per 20 ms iteration at the duty shown; opportunistic: GPU-bound 1 ms kernels "
-          "(the last four rows: 500 kernels of 20 us per iteration; the same on 5,000 grid sizes in turn; "
-          "490 of 10 us and then 10 of 2 ms; the same on 5,000 grid sizes of each kind). "
+          "(the last five rows: 500 kernels of 20 us per iteration; the same on 5,000 grid sizes in turn; "
+          "490 of 10 us and then 10 of 2 ms; the same on 5,000 grid sizes of each kind; 100 of 100 us with "
+          "3 ms of host work after the first 50). "
           "Targets for fast: production >= 0.97, share of idle time >= 0.8.")
     Outputs("isolation", json_path).write(result, md, echo, {"isolation.png": lambda: plot(summary)})
     return result

@@ -179,7 +179,7 @@ def test_a_production_job_handing_over_to_the_next_is_not_taken_for_harm():
         b = r.run(DT)
         inflight.add(b.inflight)
         rate.add(b.rate)
-    assert inflight == {2} and rate == {UNLIMITED}, (inflight, rate)
+    assert min(inflight) >= 2 and rate == {UNLIMITED}, (inflight, rate)
 
 
 def test_a_load_change_brings_back_the_configured_in_flight_bound():
@@ -236,7 +236,8 @@ def test_a_bound_production_holds_is_tried_twice_as_deep_up_to_the_deepest():
     seen = [r.run(DT).inflight for _ in range(round(60 / DT))]
     steps = [(i * DT, seen[i]) for i in range(1, len(seen)) if seen[i] != seen[i - 1]]
     assert [b for _, b in steps] == [4, 8], steps
-    assert steps[0][0] >= FastController.INFLIGHT_TRY_S and steps[1][0] - steps[0][0] >= FastController.INFLIGHT_TRY_S
+    held = FastController.INFLIGHT_DEEPEN_S
+    assert held <= steps[0][0] <= held + 2 and held <= steps[1][0] - steps[0][0] <= held + 2, steps
     assert seen[-1] == FastController.INFLIGHT_DEEPEST
 
 

@@ -382,6 +382,31 @@ def test_status_schema(simgpu, tgsd, libshim):
 
 
 
+def test_a_job_with_host_work_between_launches_gets_the_idle_time_once_the_bound_deepens(simgpu, tgsd, libshim):
+    """100 us kernels with 3 ms of host work mid-iteration beside production at 50 % duty:
+    under a bound of two the GPU runs dry during the host work (about 0.8 of the idle
+    time to the job); production holding, the bound deepens to eight within about 12 s
+    and the job keeps the GPU busy through it (about 0.98), production untouched."""
+    d = tgsd()
+    prod, opp = d.register("production"), d.register("opportunistic")
+    host = Workload(kernel_us=100, kernels=100, host_us=3000, seconds=20, report_s=0.5)
+    p = simgpu.workload(Workload.with_duty(0.5, period_ms=20, kernels=10, seconds=20, report_s=0.5), "prod",
+                        prod.env(libshim.shim))
+    o = simgpu.workload(host, "opp", opp.env(libshim.shim))
+    simgpu.wait_for_contexts(["prod", "opp"])
+    deadline = time.monotonic() + 16
+    while d.status()["gpus"][0]["controller"]["inflight_max"] != 8 and time.monotonic() < deadline:
+        time.sleep(0.25)
+    bound = d.status()["gpus"][0]["controller"]["inflight_max"]
+    shared = busy(simgpu, ["prod", "opp"], 3)
+    p.wait()
+    o.wait()
+    assert bound == 8, f"the in-flight bound stayed at {bound}"
+    assert shared["prod"] / 3 >= 0.45, f"production kept the engine {shared['prod'] / 3:.3f} of the time"
+    # 0.485 here; about 0.40 with the bound held at two
+    assert shared["opp"] / 3 >= 0.44, f"the job got {shared['opp'] / 3:.3f} of the engine; idle was 0.5"
+
+
 def test_opportunistic_kernels_keep_clear_of_production_s_next_iteration(simgpu, tgsd, libshim):
     """Production goes idle for 10 ms between iterations; a GPU-bound opportunistic job
     fills the gaps with 1 ms kernels, but holds back the one that would still run when

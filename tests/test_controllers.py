@@ -238,7 +238,16 @@ def test_a_bound_production_holds_is_tried_twice_as_deep_up_to_the_deepest():
     assert [b for _, b in steps] == [4, 8], steps
     held = FastController.INFLIGHT_DEEPEN_S
     assert held <= steps[0][0] <= held + 2 and held <= steps[1][0] - steps[0][0] <= held + 2, steps
-    assert seen[-1] == FastController.INFLIGHT_DEEPEST
+    assert seen[-1] == ControlConfig().inflight_deepest == 8
+
+
+@pytest.mark.parametrize("deepest", [2, 4])
+def test_the_deepest_bound_is_the_operators(deepest):
+    """`inflight_deepest` at the configured bound keeps it there; above, deepening stops at it."""
+    r = Rig(fast(inflight_deepest=deepest))
+    r.run(2, opportunistic=False)
+    seen = {r.run(DT).inflight for _ in range(round(60 / DT))}
+    assert max(seen) == deepest, seen
 
 
 def test_a_deeper_bound_that_harms_production_goes_back_and_is_tried_ever_more_rarely():
@@ -293,7 +302,7 @@ def test_a_fall_of_production_load_that_cuts_ease_does_not_starve_opportunistic_
     r = Rig(fast(), harm=0.0)
     r.run(2, opportunistic=False)
     r.run(50)  # (the in-flight bound's deeper trials are over: it holds the deepest)
-    assert r.budget.inflight == FastController.INFLIGHT_DEEPEST
+    assert r.budget.inflight == ControlConfig().inflight_deepest
     r.harm = 0.05  # opportunistic work at full rate costs production 10 %
     for i in range(80):
         r.solo = 50_000.0 - 5_000.0 * (i + 1) / 80

@@ -89,6 +89,7 @@ class ControlConfig:
     profile_s: float = 1.0
     reprofile_s: float = 60.0
     inflight: int = 2
+    inflight_deepest: int = 8  # where production holds, the bound is tried twice as deep, up to this
     anticipate: bool = True
     floor_fraction: float = 0.1
     burst_ms: float = 20.0
@@ -195,6 +196,7 @@ RULES: dict[str, dict[str, Any]] = {
         "profile_s": lambda k, v: float(_number(k, v, 0.1, 1.0)),
         "reprofile_s": lambda k, v: float(_number(k, v, 5, 3600)),
         "inflight": lambda k, v: _number(k, v, 0, 64, integer=True),
+        "inflight_deepest": lambda k, v: _number(k, v, 0, 64, integer=True),
         "anticipate": _bool,
         "floor_fraction": lambda k, v: float(_number(k, v, 0, 1)),
         "burst_ms": lambda k, v: float(_number(k, v, 1, 1000)),

@@ -230,8 +230,8 @@ class FastController:
     INFLIGHT_RETRY_S = 10.0       # the in-flight bound, lowered, is tried again after this
     INFLIGHT_RETRY_MAX_S = 320.0  # ... doubled each time the try fails, up to this
     INFLIGHT_TRY_S = 10.0         # a try that production holds this long has succeeded
-    INFLIGHT_DEEPEST = 8          # a bound production holds is tried twice as deep, up to this,
-    INFLIGHT_DEEPEN_S = 5.0       # once it has held it this long; a deeper trial lasts as long
+    INFLIGHT_DEEPEN_S = 5.0       # a bound production held this long is tried twice as deep (up to
+                                  # [control] inflight_deepest); a deeper trial lasts as long
     OWN_FALL_PART = 0.25          # overlap below this part of a fall: the fall is production's own
 
     def __init__(self, cfg: ControlConfig):
@@ -310,7 +310,7 @@ class FastController:
         """Production holds: settles a trial it held long enough, or, with no rate limit
         left, starts one: of the bound it last held, once the bound lowered to one has
         waited long enough; or of a bound twice as deep as the one it holds (up to
-        INFLIGHT_DEEPEST), once it has held that one INFLIGHT_DEEPEN_S. Deeper bounds let a
+        `inflight_deepest`), once it has held that one INFLIGHT_DEEPEN_S. Deeper bounds let a
         job whose host work between launches outlasts a shallow queue keep the GPU busy
         meanwhile (on simgpu, 100 us kernels with 3 ms of host work mid-iteration got 0.805
         of the idle time under the default bound, 0.983 unbounded); production's harm
@@ -333,9 +333,10 @@ class FastController:
             return True
         if self.calm_since is None:
             self.calm_since = t
-        if (0 < self.inflight < self.INFLIGHT_DEEPEST and t - self.calm_since >= self.INFLIGHT_DEEPEN_S
+        deepest = self.cfg.inflight_deepest
+        if (0 < self.inflight < deepest and t - self.calm_since >= self.INFLIGHT_DEEPEN_S
                 and t >= self.deeper_at):
-            self._set_inflight(t, min(2 * self.inflight, self.INFLIGHT_DEEPEST), trial=True, deeper=True)
+            self._set_inflight(t, min(2 * self.inflight, deepest), trial=True, deeper=True)
             return True
         return False
 

@@ -7,9 +7,10 @@ flat out. Settings, side by side in one run: exclusive (each alone, no shim), co
 priority, opportunistic at below-normal priority on the idle share of the SMs; where
 nvidia-cuda-mps-control exists, else the table says why not; bench/mps.py), TGS fast (both
 in TGS containers of their class, tgsd of our own with a memory budget far below the
-card's). Figures: production / exclusive, opportunistic / exclusive, share of idle time
-(opportunistic ratio / (1 - production's duty)); and, for TGS fast's window, what tgsd
-showed (`tgs status` every 0.5 s): how much of each second production's shims counted it
+card's), and TGS fast with the in-flight bound kept at two (`inflight_deepest = 2`: what
+the bound's deepening does for the pair). Figures: production / exclusive, opportunistic
+/ exclusive, share of idle time (opportunistic ratio / (1 - production's duty)); and, for
+each TGS window, what tgsd showed (`tgs status` every 0.5 s): how much of each second production's shims counted it
 busy and the opportunistic ones waited behind it, whether they watched production, how
 much of their work ran beside it, the in-flight bound and the rate."""
 from __future__ import annotations
@@ -100,21 +101,25 @@ def run(echo: Echo = print, quick: bool = False, json_path: Path | None = None) 
                 res["mps_not_run"] = f"failed: {e}"
         if res["mps_not_run"]:
             echo(f"  MPS: not run, {res['mps_not_run']}")
-    with Lab(tgsd={"control": {"controller": "fast"}}) as lab:
-        prod_c, opp_c = lab.container("production"), lab.container("opportunistic")
-        jobs = {"prod": lab.run(argv("resnet50", long, gap_ms), "tgs-prod", prod_c),
-                "opp": lab.run(argv("gpt2", long, 0, 8), "tgs-opp", opp_c)}
-        time.sleep(0 if quick else 5)  # let the controller profile production first
-        with lab.trace() as trace:
-            res["fast"] = window(jobs, seconds, trace=trace)
-        res["fast_tgsd"] = trace.summary()
-        echo(f"  TGS fast: {res['fast']}; tgsd: {ControllerTrace.describe(res['fast_tgsd'])}")
+    for name, control in TGS_SETTINGS.items():
+        with Lab(tgsd={"control": {"controller": "fast", **control}}) as lab:
+            prod_c, opp_c = lab.container("production"), lab.container("opportunistic")
+            jobs = {"prod": lab.run(argv("resnet50", long, gap_ms), "tgs-prod", prod_c),
+                    "opp": lab.run(argv("gpt2", long, 0, 8), "tgs-opp", opp_c)}
+            time.sleep(0 if quick else 5)  # let the controller profile production first
+            with lab.trace() as trace:
+                res[name] = window(jobs, seconds, trace=trace)
+            res[f"{name}_tgsd"] = trace.summary()
+            echo(f"  TGS {name}: {res[name]}; tgsd: {ControllerTrace.describe(res[f'{name}_tgsd'])}")
     result, md = report(res, duty, gap_ms, quick)
     Outputs("pytorch", json_path).write(result, md, echo)
     return result
 
 
-SETTINGS = ("co-execution", "mps", "fast")
+# TGS as shipped, and with the in-flight bound kept at the configured two (no deeper
+# trials where production holds): side by side, what deepening does for this pair
+TGS_SETTINGS = {"fast": {}, "fast, bound kept at two": {"inflight_deepest": 2}}
+SETTINGS = ("co-execution", "mps", *TGS_SETTINGS)
 
 
 def report(res: dict, duty: float, gap_ms: float, quick: bool) -> tuple[dict, str]:
@@ -141,15 +146,15 @@ def report(res: dict, duty: float, gap_ms: float, quick: bool) -> tuple[dict, st
              "MPS: production at normal priority with every SM, opportunistic at below-normal priority "
              "(CUDA_MPS_CLIENT_PRIORITY=1) on the idle share of the SMs (CUDA_MPS_ACTIVE_THREAD_PERCENTAGE), "
              "neither with libtgs.so.")
-          + ("" if "fast_tgsd" not in res else
-             "\n\ntgsd in TGS fast's window (`tgs status`, every 0.5 s): "
-             + ControllerTrace.describe(res["fast_tgsd"]) + "." + _starts_per_step(res)))
+          + "".join(f"\n\ntgsd in TGS {name}'s window (`tgs status`, every 0.5 s): "
+                    + ControllerTrace.describe(res[f"{name}_tgsd"]) + "." + _starts_per_step(res, name)
+                    for name in TGS_SETTINGS if f"{name}_tgsd" in res))
     return result, md
 
 
-def _starts_per_step(res: dict) -> str:
+def _starts_per_step(res: dict, name: str) -> str:
     """Iteration starts production's shims marked per ResNet-50 step (1: the step's one
     synchronisation; more: it synchronises within the step, and each one opens the gate)."""
-    starts = res["fast_tgsd"].get("production_iteration_starts_per_s")
-    steps = res["fast"]["prod"]
+    starts = res[f"{name}_tgsd"].get("production_iteration_starts_per_s")
+    steps = res[name]["prod"]
     return "" if not starts or not steps else f" That is {starts / steps:.2f} iteration starts per ResNet-50 step."

@@ -208,6 +208,10 @@ def test_the_pytorch_table_has_the_mps_row_when_it_ran_and_says_why_when_not():
            "in 2 of 2 status samples (the controller's figure beside it: 0.01 s/s, median)" in md
     assert "That is 2.00 iteration starts per ResNet-50 step." in md  # 29.4 starts/s at 14.7 it/s
     assert result["raw"]["fast_tgsd"]["watched"] == 2
+    res["fast, bound kept at two"] = {"prod": 14.7, "opp": 7.5}  # the A/B row, side by side
+    result, md = report(res, duty=0.4, gap_ms=40, quick=True)
+    assert list(result["summary"]) == ["co-execution", "fast", "fast, bound kept at two"]
+    assert "| fast, bound kept at two | 0.980                  | 0.300                     | 0.500" in md
 
 
 def test_a_controller_trace_sums_up_only_its_window():

@@ -376,9 +376,13 @@ def test_status_schema(simgpu, tgsd, libshim):
     assert {"budget_blocks_per_s", "inflight_max", "progress_blocks_per_s", "attained_blocks", "memory", "syncs",
             "iteration_starts", "busy_s", "gated_s", "beside_production_s"} <= set(c)
     assert {"footprint", "resident", "evicted", "quota"} <= set(c["memory"])
+    deadline = time.monotonic() + 10
+    while d.status()["gpus"][0]["controller"]["inflight_max"] is None and time.monotonic() < deadline:
+        time.sleep(0.1)
     human = subprocess.run([sys.executable, "-m", "tgs_runtime", "status", "--state-dir", str(d.state_dir)],
                            capture_output=True, text=True, timeout=30)
     assert opp.id in human.stdout and "opportunistic" in human.stdout
+    assert "no in-flight bound" in human.stdout, "no production on the GPU: opportunistic work is not bounded"
 
 
 

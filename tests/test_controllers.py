@@ -211,21 +211,35 @@ def test_a_passing_violation_does_not_keep_one_kernel_in_flight():
     assert min(seen[seen.index(2):]) >= 2, "and stays (or deepens) while production holds"
 
 
+def bounds_over(r: Rig, seconds: float) -> tuple[list[int], float]:
+    """The in-flight bound at each step of `seconds`, and production's progress over them
+    as a part of its solo progress (the rig's own count, harm included)."""
+    before = r.produced
+    seen = [r.run(DT).inflight for _ in range(round(seconds / DT))]
+    return seen, (r.produced - before) / (r.solo * seconds)
+
+
+def became(seen: list[int], bound: int, frm: int | None = None) -> list[float]:
+    """When the bound became `bound` (from `frm`, if given), seconds into `seen`."""
+    return [i * DT for i in range(1, len(seen))
+            if seen[i] == bound and seen[i - 1] != bound and (frm is None or seen[i - 1] == frm)]
+
+
+def assert_backs_off(tries: list[float]) -> None:
+    """A few tries, each wait before the next well over the last."""
+    gaps = [b - a for a, b in zip(tries, tries[1:])]
+    assert 3 <= len(tries) <= 8, tries
+    assert all(later > 1.5 * earlier for earlier, later in zip(gaps, gaps[1:])), f"the tries do not back off: {tries}"
+
+
 def test_a_bound_that_harms_production_is_tried_again_ever_more_rarely():
     """Where two kernels in flight do cost production 6 %, each try of the configured bound
     that fails doubles the wait before the next: production loses little over the run."""
     r = Rig(fast(), queue_harm=0.06)
     r.run(2, opportunistic=False)
-    total, seen = 0.0, []
-    for _ in range(round(600 / DT)):
-        b = r.run(DT)
-        seen.append(b.inflight)
-        total += r.solo * (1 - (r.queue_harm if b.inflight != 1 else 0.0))
-    tries = [i * DT for i in range(1, len(seen)) if seen[i] == 2 and seen[i - 1] == 1]
-    gaps = [b - a for a, b in zip(tries, tries[1:])]
-    assert 3 <= len(tries) <= 8, tries
-    assert all(later > 1.5 * earlier for earlier, later in zip(gaps, gaps[1:])), f"the tries do not back off: {tries}"
-    assert total / (r.solo * 600) >= 0.995, f"production kept only {total / (r.solo * 600):.4f} of its progress"
+    seen, kept = bounds_over(r, 600)
+    assert_backs_off(became(seen, 2, frm=1))
+    assert kept >= 0.995, f"production kept only {kept:.4f} of its progress"
 
 
 def test_a_bound_production_holds_is_tried_twice_as_deep_up_to_the_deepest():
@@ -255,17 +269,10 @@ def test_a_deeper_bound_that_harms_production_goes_back_and_is_tried_ever_more_r
     goes back to four (not to one: four held), and the trials back off."""
     r = Rig(fast(), deep_harm=0.06)
     r.run(2, opportunistic=False)
-    total, seen = 0.0, []
-    for _ in range(round(600 / DT)):
-        b = r.run(DT)
-        seen.append(b.inflight)
-        total += r.solo * (1 - (r.deep_harm if b.inflight > 4 else 0.0))
-    tries = [i * DT for i in range(1, len(seen)) if seen[i] == 8 and seen[i - 1] != 8]
-    gaps = [b - a for a, b in zip(tries, tries[1:])]
-    assert 3 <= len(tries) <= 8, tries
-    assert all(later > 1.5 * earlier for earlier, later in zip(gaps, gaps[1:])), f"the trials do not back off: {tries}"
+    seen, kept = bounds_over(r, 600)
+    assert_backs_off(became(seen, 8))
     assert min(seen[round(30 / DT):]) == 4 and seen[-1] == 4, "four, which production holds, is kept"
-    assert total / (r.solo * 600) >= 0.995, f"production kept only {total / (r.solo * 600):.4f} of its progress"
+    assert kept >= 0.995, f"production kept only {kept:.4f} of its progress"
 
 
 def test_no_harm_keeps_opportunistic_free():

@@ -39,13 +39,12 @@ def status_cmd(as_json: bool, config_path: Path | None, state_dir: Path | None) 
         ctl = g["controller"]
         rate = "unlimited" if ctl["rate_blocks_per_s"] is None else f"{ctl['rate_blocks_per_s']:.0f} blocks/s"
         solo = "-" if ctl["solo_blocks_per_s"] is None else f"{ctl['solo_blocks_per_s']:.0f}"
-        beside = ctl.get("opportunistic_beside_production")
-        seen = "" if beside is None else f", opportunistic work beside it {beside:.1%} of the time"
-        bound = ctl.get("inflight_max")
-        seen += "" if bound is None else ", no in-flight bound" if bound == 0 else f", in-flight bound {bound}"
+        beside, bound = ctl.get("opportunistic_beside_production"), ctl.get("inflight_max")
+        more = ("" if beside is None else f", opportunistic work beside it {beside:.1%} of the time") + (
+            "" if bound is None else ", no in-flight bound" if bound == 0 else f", in-flight bound {bound}")
         click.echo(f"\nGPU {g['index']} {g['uuid']} {g['name']}: memory budget {_mem(g['memory_budget'])} of "
                    f"{_mem(g['memory_total'])}\n  controller {ctl['state']}: opportunistic {rate}, production "
-                   f"{ctl['production_progress_blocks_per_s']:.0f} blocks/s (solo {solo}){seen}")
+                   f"{ctl['production_progress_blocks_per_s']:.0f} blocks/s (solo {solo}){more}")
         if not g["containers"]:
             click.echo("  no containers")
             continue

@@ -259,7 +259,6 @@ class FastController:
         self.lowered_at: float | None = None  # when the in-flight bound was lowered to one
         self.retry_s = self.INFLIGHT_RETRY_S  # how long after that it is tried again
         self.trying_since: float | None = None  # the bound is on trial since
-        self.deeper = False  # the trial is of a deeper bound than `held`
         self.deepen_s = self.INFLIGHT_RETRY_S  # after a deeper trial failed, the next waits this long
         self.deeper_at = float("-inf")  # ... until then
         self.calm_since: float | None = None  # production has held since (no violation, no bound change)
@@ -281,10 +280,15 @@ class FastController:
         self.inflight = self.held = self.cfg.inflight
         self.lowered_at = self.trying_since = self.calm_since = None
         self.retry_s = self.deepen_s = self.INFLIGHT_RETRY_S
-        self.deeper, self.deeper_at = False, float("-inf")
+        self.deeper_at = float("-inf")
 
-    def _set_inflight(self, t: float, bound: int, trial: bool = False, deeper: bool = False) -> None:
-        self.inflight, self.deeper = bound, deeper
+    @property
+    def _deeper(self) -> bool:
+        """The bound on trial is deeper than the one production held."""
+        return self.trying_since is not None and self.inflight > self.held
+
+    def _set_inflight(self, t: float, bound: int, trial: bool = False) -> None:
+        self.inflight = bound
         self.trying_since = t if trial else None
         self.calm_since = None
         self._change(t)
@@ -316,13 +320,13 @@ class FastController:
         of the idle time under the default bound, 0.983 unbounded); production's harm
         ends a trial as it ends any. Whether it changed the bound."""
         if self.trying_since is not None:
-            if t - self.trying_since < (self.INFLIGHT_DEEPEN_S if self.deeper else self.INFLIGHT_TRY_S):
+            if t - self.trying_since < (self.INFLIGHT_DEEPEN_S if self._deeper else self.INFLIGHT_TRY_S):
                 return False
+            if self._deeper:
+                self.deepen_s = self.INFLIGHT_RETRY_S
             self.held, self.calm_since = self.inflight, self.trying_since  # the trial was calm
             self.trying_since = self.lowered_at = None
             self.retry_s = self.INFLIGHT_RETRY_S
-            if self.deeper:
-                self.deeper, self.deepen_s = False, self.INFLIGHT_RETRY_S
         if self.rate != UNLIMITED:
             return False
         if self.lowered_at is not None:
@@ -336,7 +340,7 @@ class FastController:
         deepest = self.cfg.inflight_deepest
         if (0 < self.inflight < deepest and t - self.calm_since >= self.INFLIGHT_DEEPEN_S
                 and t >= self.deeper_at):
-            self._set_inflight(t, min(2 * self.inflight, deepest), trial=True, deeper=True)
+            self._set_inflight(t, min(2 * self.inflight, deepest), trial=True)
             return True
         return False
 
@@ -579,7 +583,7 @@ class FastController:
                 self.checked = True
                 self._profile(t, periodic=True, check=True)
                 return self._budget()
-            if self.deeper:  # first, back to the bound production held
+            if self._deeper:  # first, back to the bound production held
                 self._shallower(t)
                 if self.violation_p >= (1 - 4 * tol) * solo:
                     return self._budget()

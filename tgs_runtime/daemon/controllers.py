@@ -33,13 +33,12 @@ take turns at it (`take_turns`). Pure logic: no clocks, no I/O.
   a second after it, progress outside [1 - tolerance, 1.1] times the solo figure says the
   load changed with no idle moment to tell (one of two production jobs ended, a lighter or
   heavier job took over, jobs starting together were profiled unsettled), and production is
-  profiled at once, from no rate limit. The first violation lowers the in-flight bound to
-  one kernel instead (and cuts the rate too when P fell more than four tolerances); once
-  the rate is unlimited again and production has held for 10 s, the configured bound is
-  tried again (a bound of one costs opportunistic work the moments between its kernels:
-  kept after one blip it would cost them for good), and each try that production does not
-  hold doubles the wait, up to 320 s (a change of load, job or pair starts afresh from the
-  configured bound); if two cuts still do not help soon after a profile (one, whose effect
+  profiled at once, from no rate limit. The first violation eases the in-flight bound
+  instead (and cuts the rate too when P fell more than four tolerances): back from a
+  deeper trial to the bound production held, else down to one kernel; where production
+  holds with no rate limit the bound is tried again, and tried deeper (`InflightBound`,
+  inflight.py; a change of load, job or pair starts afresh from the configured bound);
+  if two cuts still do not help soon after a profile (one, whose effect
   may not show within a second, proves nothing even against a large fall), production's
   present progress is taken as its solo progress and the rate and the in-flight bound go
   back to where they were. Where the opportunistic shims watched production (waited
@@ -66,6 +65,7 @@ import enum
 from dataclasses import dataclass, field
 
 from tgs_runtime.config import ControlConfig, Controller, Share
+from tgs_runtime.daemon.inflight import InflightBound
 from tgs_runtime.proto import RATE_UNLIMITED
 
 UNLIMITED = RATE_UNLIMITED
@@ -227,11 +227,6 @@ class FastController:
     IDLE_S = 0.5       # production launched nothing this long: it is idle, opportunistic takes all
     TURNOVER_S = 1.0   # a production process started or ended: its load is judged this long after
     PROFILES_KEPT = 8  # the solo figure is the mean of the last profiles of one load
-    INFLIGHT_RETRY_S = 10.0       # the in-flight bound, lowered, is tried again after this
-    INFLIGHT_RETRY_MAX_S = 320.0  # ... doubled each time the try fails, up to this
-    INFLIGHT_TRY_S = 10.0         # a try that production holds this long has succeeded
-    INFLIGHT_DEEPEN_S = 5.0       # a bound production held this long is tried twice as deep (up to
-                                  # [control] inflight_deepest); a deeper trial lasts as long
     OWN_FALL_PART = 0.25          # overlap below this part of a fall: the fall is production's own
 
     def __init__(self, cfg: ControlConfig):
@@ -254,14 +249,7 @@ class FastController:
         self.drift_since: float | None = None
         self.profiled_at = float("-inf")
         self.progress = 0.0
-        self.inflight = cfg.inflight
-        self.held = cfg.inflight  # the deepest bound production has held through a trial (of this load)
-        self.lowered_at: float | None = None  # when the in-flight bound was lowered to one
-        self.retry_s = self.INFLIGHT_RETRY_S  # how long after that it is tried again
-        self.trying_since: float | None = None  # the bound is on trial since
-        self.deepen_s = self.INFLIGHT_RETRY_S  # after a deeper trial failed, the next waits this long
-        self.deeper_at = float("-inf")  # ... until then
-        self.calm_since: float | None = None  # production has held since (no violation, no bound change)
+        self.bound = InflightBound(cfg.inflight, cfg.inflight_deepest)
         self.idle = False  # production attached but launching nothing
         self.processes: frozenset[int] = frozenset()  # production's, as of the last sample
         self.turnover_at: float | None = None  # a production process started or ended then: judge the load
@@ -275,74 +263,12 @@ class FastController:
             self.rate = rate
         self.changed_at = t
 
-    def _restore_inflight(self) -> None:
-        """A new load starts from the configured in-flight bound, with no trials behind it."""
-        self.inflight = self.held = self.cfg.inflight
-        self.lowered_at = self.trying_since = self.calm_since = None
-        self.retry_s = self.deepen_s = self.INFLIGHT_RETRY_S
-        self.deeper_at = float("-inf")
-
-    @property
-    def _deeper(self) -> bool:
-        """The bound on trial is deeper than the one production held."""
-        return self.trying_since is not None and self.inflight > self.held
-
-    def _set_inflight(self, t: float, bound: int, trial: bool = False) -> None:
-        self.inflight = bound
-        self.trying_since = t if trial else None
-        self.calm_since = None
-        self._change(t)
-
-    def _lower_inflight(self, t: float) -> None:
-        """Harm: production waits behind fewer kernels. A trial of the bound that ends this
-        way doubles the wait before the next; the next is of the configured bound (what
-        production held before may be too deep for its load now)."""
-        if self.trying_since is not None:
-            self.retry_s = min(2 * self.retry_s, self.INFLIGHT_RETRY_MAX_S)
-        self.held = self.cfg.inflight
-        self.lowered_at = t
-        self._set_inflight(t, 1)
-
-    def _shallower(self, t: float) -> None:
-        """Harm in a trial of a deeper bound: back to the one production held, and the next
-        deeper trial waits twice as long as the last one did."""
-        self.deeper_at = t + self.deepen_s
-        self.deepen_s = min(2 * self.deepen_s, self.INFLIGHT_RETRY_MAX_S)
-        self._set_inflight(t, self.held)
-
-    def _retry_inflight(self, t: float) -> bool:
-        """Production holds: settles a trial it held long enough, or, with no rate limit
-        left, starts one: of the bound it last held, once the bound lowered to one has
-        waited long enough; or of a bound twice as deep as the one it holds (up to
-        `inflight_deepest`), once it has held that one INFLIGHT_DEEPEN_S. Deeper bounds let a
-        job whose host work between launches outlasts a shallow queue keep the GPU busy
-        meanwhile (on simgpu, 100 us kernels with 3 ms of host work mid-iteration got 0.805
-        of the idle time under the default bound, 0.983 unbounded); production's harm
-        ends a trial as it ends any. Whether it changed the bound."""
-        if self.trying_since is not None:
-            if t - self.trying_since < (self.INFLIGHT_DEEPEN_S if self._deeper else self.INFLIGHT_TRY_S):
-                return False
-            if self._deeper:
-                self.deepen_s = self.INFLIGHT_RETRY_S
-            self.held, self.calm_since = self.inflight, self.trying_since  # the trial was calm
-            self.trying_since = self.lowered_at = None
-            self.retry_s = self.INFLIGHT_RETRY_S
-        if self.rate != UNLIMITED:
+    def _ease_inflight(self, t: float) -> bool:
+        """Harm: the in-flight bound's answer first (`InflightBound.ease`). Whether it had one."""
+        if not self.bound.ease(t):
             return False
-        if self.lowered_at is not None:
-            if self.inflight != 1 or t - self.lowered_at < self.retry_s:
-                return False
-            self.lowered_at = None
-            self._set_inflight(t, self.held, trial=True)
-            return True
-        if self.calm_since is None:
-            self.calm_since = t
-        deepest = self.cfg.inflight_deepest
-        if (0 < self.inflight < deepest and t - self.calm_since >= self.INFLIGHT_DEEPEN_S
-                and t >= self.deeper_at):
-            self._set_inflight(t, min(2 * self.inflight, deepest), trial=True)
-            return True
-        return False
+        self._change(t)
+        return True
 
     def _budget(self) -> Budget:
         """Without production on the GPU, opportunistic work has no limit at all: not even the
@@ -351,7 +277,7 @@ class FastController:
         0.990 without it). A production container attaches when it is created, seconds
         before its first kernel: what was queued meanwhile has run by then."""
         rate = 0 if self.phase == Phase.PROFILE else UNLIMITED if self.phase in (Phase.FREE, Phase.SOLO) else self.rate
-        inflight = 0 if self.phase == Phase.FREE else self.inflight
+        inflight = 0 if self.phase == Phase.FREE else self.bound.kernels
         return Budget(rate, inflight, self.phase != Phase.FREE, self.phase.value, self.solo, self.progress,
                       self.window.overlap().per_s)
 
@@ -365,7 +291,7 @@ class FastController:
         idle time beside 75 % duty on simgpu, docs/results/history.md, dynamics)."""
         if not periodic:
             self.profiles = []
-            self._restore_inflight()
+            self.bound.restore()
             self.own_fall, self.overlap_trusted = None, True
             if self.turnover_at is not None and t - self.turnover_at >= self.TURNOVER_S - 1e-9:
                 self.turnover_at = None  # the load after a turnover is measured now (sooner: its start)
@@ -445,7 +371,7 @@ class FastController:
             # the configured in-flight bound
             self.processes = s.production_processes
             if self.phase in (Phase.RUN, Phase.SOLO):
-                self._restore_inflight()
+                self.bound.restore()
                 self.violations = 0
                 self._change(t)
             # production's load may have changed with no idle moment to say so: judged once
@@ -466,7 +392,7 @@ class FastController:
                     self._profile(t)
                 else:  # a new pair whose production is known: no profile, a fresh start
                     self.rate_good = UNLIMITED
-                    self._restore_inflight()
+                    self.bound.restore()
                     self._change(t, Phase.RUN, UNLIMITED)
             return self._budget()
         if self.phase == Phase.PROFILE:
@@ -518,7 +444,7 @@ class FastController:
         judged_from = max(since, t - self.QUICK_S)
         p, o, _ = self.window.rates(judged_from)
         cutting = self.rate < self.rate_good  # cut since production last held
-        if (1 - 2 * tol) * solo <= p < (1 - tol) * solo and self.inflight == 1 and not cutting:
+        if (1 - 2 * tol) * solo <= p < (1 - tol) * solo and self.bound.kernels == 1 and not cutting:
             # marginal, and the cheap answer (one kernel in flight) is given: a rate cut
             # needs the longer window to show it
             if long_covered < self.CONFIRM_S:
@@ -551,7 +477,7 @@ class FastController:
                 self.cuts = 0
                 self.checked = False
             self.violations += 1
-            self.calm_since = None
+            self.bound.unsettled()
             # a cut brings back about the part of the harm it takes off the rate, and may
             # not show within a second (work queued before it still runs: long kernels
             # reading evicted memory over the bus): two cuts that bring back nothing say
@@ -570,7 +496,7 @@ class FastController:
                     self.solo = p
                     self.profiles = []
                     self.violations = 0
-                    self._restore_inflight()
+                    self.bound.restore()
                     self._change(t, rate=self.rate_good)
                 return self._budget()
             if self.cuts and not self.checked and self.rate <= self.CHECK_PART * self.violation_o:
@@ -583,15 +509,12 @@ class FastController:
                 self.checked = True
                 self._profile(t, periodic=True, check=True)
                 return self._budget()
-            if self._deeper:  # first, back to the bound production held
-                self._shallower(t)
-                if self.violation_p >= (1 - 4 * tol) * solo:
-                    return self._budget()
-            elif self.inflight != 1:  # first, fewer kernels for production to wait behind
-                self._lower_inflight(t)
-                if self.violation_p >= (1 - 4 * tol) * solo:
-                    return self._budget()
-                # far below: more than waiting behind a kernel can explain; cut at once too
+            # first, the in-flight bound: back from a deeper trial, else fewer kernels for
+            # production to wait behind
+            if self._ease_inflight(t) and self.violation_p >= (1 - 4 * tol) * solo:
+                return self._budget()
+            # far below (more than waiting behind a kernel can explain), or nothing left to
+            # ease: cut the rate
             base = o if self.rate == UNLIMITED else min(float(self.rate), max(o, 1.0))
             self._change(t, rate=max(int(base * self._cut(p, solo)), 1))
             self.cuts += 1
@@ -602,7 +525,8 @@ class FastController:
                 new = int(self.rate * self.RAMP) + 1
                 self._change(t, rate=UNLIMITED if new > cap and o < 0.5 * self.rate else new)
                 self.rate_good = self.rate
-            elif self._retry_inflight(t):
+            elif self.bound.holds(t):
+                self._change(t)
                 return self._budget()
             if t - self.profiled_at > self.cfg.reprofile_s:
                 self._profile(t, periodic=True)

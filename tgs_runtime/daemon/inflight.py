@@ -1,0 +1,115 @@
+"""The in-flight bound of one GPU's opportunistic work under `fast` (docs/daemon.md).
+
+The bound is how many kernels a launching thread of an opportunistic container may have
+queued beside production (ARCHITECTURE.md, control block `inflight_max`): production's
+next iteration waits behind at most that many. `FastController` owns one and tells it
+what production does; the bound answers with its own moves:
+
+- harm (`ease`): the cheap answer first. In a trial of a bound deeper than the one
+  production held, back to that one, and the next deeper trial waits twice as long (10 s,
+  20 s, up to 320 s). Otherwise down to one kernel; a trial that ends this way doubles
+  the wait before the next one (up to 320 s too), and the bound to try is the configured
+  one again (what production held before may be too deep for its load now).
+- production holds with no rate limit (`holds`): a trial production held long enough
+  (10 s, a deeper one 5 s) is settled; a bound lowered to one is tried again at the bound
+  production last held once the wait is over; a bound held for 5 s is tried twice as deep,
+  up to `[control] inflight_deepest`. One kernel in flight costs opportunistic work the
+  moment between each of its kernels ending and the next launch (a fifth of the idle time
+  beside 75 % duty on simgpu), so one blip must not keep it there for good; and a job whose
+  host work between launches outlasts a shallow queue leaves the GPU idle meanwhile (on
+  simgpu, 100 us kernels with 3 ms of host work mid-iteration got 0.805 of the idle time
+  under the default bound of two, 0.983 unbounded).
+- a new load (`restore`): the configured bound, with no trials behind it.
+
+Pure logic: times are the samples' own. Every move returns whether the bound changed, so
+the controller can start measuring afresh from it.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+RETRY_S = 10.0       # a bound lowered to one is tried again after this ...
+RETRY_MAX_S = 320.0  # ... doubled each time the try fails, up to this (the same for deeper trials)
+TRY_S = 10.0         # a try that production holds this long has succeeded
+DEEPEN_S = 5.0       # a bound production held this long is tried twice as deep; a deeper trial lasts as long
+
+
+@dataclass
+class InflightBound:
+    configured: int  # [control] inflight: where every load starts (0: none)
+    deepest: int     # [control] inflight_deepest: the deepest a trial goes
+    kernels: int = field(init=False)  # the bound now
+    held: int = field(init=False)     # the deepest bound production has held through a trial (of this load)
+    lowered_at: float | None = field(init=False)   # when harm lowered the bound to one
+    retry_s: float = field(init=False)             # how long after that it is tried again
+    trying_since: float | None = field(init=False)  # the bound is on trial since
+    deepen_s: float = field(init=False)            # after a deeper trial failed, the next waits this long ...
+    deeper_at: float = field(init=False)           # ... until then
+    calm_since: float | None = field(init=False)   # production has held since (no harm, no change of bound)
+
+    def __post_init__(self) -> None:
+        self.restore()
+
+    def restore(self) -> None:
+        """A new load starts from the configured bound, with no trials behind it."""
+        self.kernels = self.held = self.configured
+        self.lowered_at = self.trying_since = self.calm_since = None
+        self.retry_s = self.deepen_s = RETRY_S
+        self.deeper_at = float("-inf")
+
+    @property
+    def deeper(self) -> bool:
+        """The bound on trial is deeper than the one production held."""
+        return self.trying_since is not None and self.kernels > self.held
+
+    def unsettled(self) -> None:
+        """Production fell (whatever the answer): it has not held since."""
+        self.calm_since = None
+
+    def ease(self, t: float) -> bool:
+        """Harm: back from a deeper trial to the bound production held, else down to one
+        kernel. Whether the bound changed (not where it is one already)."""
+        if self.deeper:
+            self.deeper_at = t + self.deepen_s
+            self.deepen_s = min(2 * self.deepen_s, RETRY_MAX_S)
+            self._set(t, self.held)
+            return True
+        if self.kernels == 1:
+            return False
+        if self.trying_since is not None:
+            self.retry_s = min(2 * self.retry_s, RETRY_MAX_S)
+        self.held = self.configured
+        self.lowered_at = t
+        self._set(t, 1)
+        return True
+
+    def holds(self, t: float) -> bool:
+        """Production holds and opportunistic work has no rate limit: settles a trial held
+        long enough, or starts one (of the bound last held, once a bound lowered to one has
+        waited long enough; or twice as deep as the bound held for DEEPEN_S). Whether the
+        bound changed."""
+        if self.trying_since is not None:
+            if t - self.trying_since < (DEEPEN_S if self.deeper else TRY_S):
+                return False
+            if self.deeper:
+                self.deepen_s = RETRY_S
+            self.held, self.calm_since = self.kernels, self.trying_since  # the trial was calm
+            self.trying_since = self.lowered_at = None
+            self.retry_s = RETRY_S
+        if self.lowered_at is not None:
+            if self.kernels != 1 or t - self.lowered_at < self.retry_s:
+                return False
+            self.lowered_at = None
+            self._set(t, self.held, trial=True)
+            return True
+        if self.calm_since is None:
+            self.calm_since = t
+        if 0 < self.kernels < self.deepest and t - self.calm_since >= DEEPEN_S and t >= self.deeper_at:
+            self._set(t, min(2 * self.kernels, self.deepest), trial=True)
+            return True
+        return False
+
+    def _set(self, t: float, kernels: int, trial: bool = False) -> None:
+        self.kernels = kernels
+        self.trying_since = t if trial else None
+        self.calm_since = None

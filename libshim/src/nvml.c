@@ -26,14 +26,19 @@ static struct tgs_gpu *gpu_of_nvml(nvmlDevice_t dev) {
     return NULL;
 }
 
+/* The container's view of the device's memory, where the device is one of its GPUs. */
+static int container_view(nvmlDevice_t dev, uint64_t *total, uint64_t *used) {
+    struct tgs_gpu *g = gpu_of_nvml(dev);
+    return g && tgs_memory_view(g, total, used);
+}
+
 TGS_API nvmlReturn_t DECLDIR nvmlDeviceGetMemoryInfo(nvmlDevice_t device, nvmlMemory_t *memory) {
     static __typeof__(&nvmlDeviceGetMemoryInfo) real;
     if (!real && !(real = (__typeof__(real))tgs_real_nvml("nvmlDeviceGetMemoryInfo")))
         return NVML_ERROR_FUNCTION_NOT_FOUND;
     nvmlReturn_t r = real(device, memory);
-    struct tgs_gpu *g;
     uint64_t t, u;
-    if (r == NVML_SUCCESS && memory && (g = gpu_of_nvml(device)) && tgs_memory_view(g, &t, &u)) {
+    if (r == NVML_SUCCESS && memory && container_view(device, &t, &u)) {
         memory->total = t;
         memory->used = u;
         memory->free = t - u;
@@ -46,9 +51,8 @@ TGS_API nvmlReturn_t DECLDIR nvmlDeviceGetMemoryInfo_v2(nvmlDevice_t device, nvm
     if (!real && !(real = (__typeof__(real))tgs_real_nvml("nvmlDeviceGetMemoryInfo_v2")))
         return NVML_ERROR_FUNCTION_NOT_FOUND;
     nvmlReturn_t r = real(device, memory);
-    struct tgs_gpu *g;
     uint64_t t, u;
-    if (r == NVML_SUCCESS && memory && (g = gpu_of_nvml(device)) && tgs_memory_view(g, &t, &u)) {
+    if (r == NVML_SUCCESS && memory && container_view(device, &t, &u)) {
         memory->total = t;
         memory->used = u;
         memory->reserved = 0;

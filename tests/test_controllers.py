@@ -796,3 +796,23 @@ def test_residency_restores_with_a_margin():
     assert rs[1].evicted == 0 and rs[1].pending is None
     p = residency.plan(budget=1000 * MB, production_footprint=930 * MB, ranges=rs)
     assert p.moves == [], "never into the margin"
+
+
+@pytest.mark.parametrize("overlap, judged", [(None, "not watching"), (1.0, "the fall would be its own"),
+                                             (0.0, "its own load")])
+def test_every_change_of_the_budget_says_why_with_the_figures_it_judged(overlap, judged):
+    """tgsd's decision log carries the controller's `why`: an operator reading it sees why
+    opportunistic work was slowed (the fall, and what the shims saw beside production) or
+    left alone."""
+    r = Rig(fast(), harm=0.2, overlap=overlap)
+    r.run(2, opportunistic=False)
+    whys, last = [], None
+    for _ in range(round(15 / DT)):
+        b = r.run(DT)
+        if (b.rate, b.inflight, b.state, b.solo) != last:
+            last = (b.rate, b.inflight, b.state, b.solo)
+            whys.append(b.why)
+    assert all(whys), whys
+    first_fall = next(w for w in whys if "of its solo progress" in w or "fell to" in w)
+    assert judged in first_fall, first_fall
+    assert any("profiled: production alone at 50,000 blocks/s" in w for w in whys), whys

@@ -135,6 +135,7 @@ class Budget:
     progress: float          # production's progress over the last window, blocks/s
     overlap: float | None = None  # opportunistic work beside production, seconds per second
                                   # over the last window (None: not watched; `Overlap.watched`)
+    why: str = ""  # what the latest change of the budget answered (tgsd's decision log)
 
 
 class Window:
@@ -255,20 +256,35 @@ class FastController:
         self.turnover_at: float | None = None  # a production process started or ended then: judge the load
         self.own_fall: float | None = None  # a solo figure taken from a fall seen as production's own
         self.overlap_trusted = True  # no profile of this load has caught the overlap signal out
+        self.why = ""  # what the latest change answered
 
-    def _change(self, t: float, phase: Phase | None = None, rate: int | None = None) -> None:
+    def _change(self, t: float, why: str, phase: Phase | None = None, rate: int | None = None) -> None:
         if phase is not None:
             self.phase = phase
         if rate is not None:
             self.rate = rate
         self.changed_at = t
+        self.why = why
 
-    def _ease_inflight(self, t: float) -> bool:
+    def _ease_inflight(self, t: float, why: str) -> bool:
         """Harm: the in-flight bound's answer first (`InflightBound.ease`). Whether it had one."""
         if not self.bound.ease(t):
             return False
-        self._change(t)
+        self._change(t, f"{why}: in-flight bound {self.bound.kernels}")
         return True
+
+    def _of_solo(self, p: float) -> str:
+        return f"production at {p / self.solo:.3f} of its solo progress" if self.solo else f"production at {p:,.0f} blocks/s"
+
+    def _seen(self, p: float, solo: float, seen: Overlap) -> str:
+        """Why a fall was not taken as production's own (`_own_fall`), for the decision log."""
+        if not self.overlap_trusted:
+            return "the overlap signal was caught out for this load"
+        if seen.per_s is None:
+            waited = f"{seen.gated_s / seen.busy_s:.2f}" if seen.busy_s > 0 else "none"
+            return f"opportunistic work not watching (waited behind production for {waited} of its busy time)"
+        return (f"opportunistic work beside it {seen.per_s:.4f} s/s (under "
+                f"{self.OWN_FALL_PART * (1 - p / solo):.4f} the fall would be its own)")
 
     def _budget(self) -> Budget:
         """Without production on the GPU, opportunistic work has no limit at all: not even the
@@ -279,9 +295,9 @@ class FastController:
         rate = 0 if self.phase == Phase.PROFILE else UNLIMITED if self.phase in (Phase.FREE, Phase.SOLO) else self.rate
         inflight = 0 if self.phase == Phase.FREE else self.bound.kernels
         return Budget(rate, inflight, self.phase != Phase.FREE, self.phase.value, self.solo, self.progress,
-                      self.window.overlap().per_s)
+                      self.window.overlap().per_s, self.why)
 
-    def _profile(self, t: float, periodic: bool = False, check: bool = False) -> None:
+    def _profile(self, t: float, why: str, periodic: bool = False, check: bool = False) -> None:
         """Pauses opportunistic work to measure production alone. Only the periodic profile
         of a run of production keeps the earlier ones to average with: any other comes
         after a change (a new pair, a return from idle, a load change), and the load after
@@ -298,7 +314,7 @@ class FastController:
         self.checking = check  # its end is `_checked`
         self.profile_from = t
         self.profiled_at = t
-        self._change(t, Phase.PROFILE)
+        self._change(t, f"{why}: profiling production alone", Phase.PROFILE)
 
     def _profiled(self, p: float) -> None:
         """A profile knows production's solo progress only to about one of its iterations;
@@ -324,13 +340,16 @@ class FastController:
         or ramped back up within seconds."""
         self.checking = False
         self.drift_since = None
+        why = "checked the solo figure: nothing measured"
         if covered > 0:
             if p < (1 - self.cfg.tolerance) * (self.solo or 0.0):
+                why = f"checked the solo figure: production alone at {p:,.0f} blocks/s, below it: replaced"
                 self.profiles, self.solo = [p], p
                 self.violations = 0  # judged afresh against the new figure
             else:
+                why = f"checked the solo figure: production alone at {p:,.0f} blocks/s"
                 self._profiled(p)  # the run of violations goes on, checked once
-        self._change(t, Phase.RUN)
+        self._change(t, why, Phase.RUN)
 
     def _own_fall(self, p: float, solo: float, seen: Overlap) -> bool:
         """Whether a fall of production's progress to p is its own: opportunistic work
@@ -363,7 +382,7 @@ class FastController:
             self.turnover_at = None
             if self.phase != Phase.FREE:
                 self.solo, self.profiles = None, []
-                self._change(t, Phase.FREE, UNLIMITED)
+                self._change(t, "no production on the GPU", Phase.FREE, UNLIMITED)
             return self._budget()
         if s.production_processes != self.processes:
             # a production process started or ended (a job's turnover takes a moment in
@@ -373,15 +392,15 @@ class FastController:
             if self.phase in (Phase.RUN, Phase.SOLO):
                 self.bound.restore()
                 self.violations = 0
-                self._change(t)
+                self._change(t, "a production process started or ended: measured afresh")
             # production's load may have changed with no idle moment to say so: judged once
             # the change has settled (without processes production is idle, and its return
             # is profiled)
             self.turnover_at = t if self.processes else None
         if self.phase == Phase.FREE:
-            self._change(t, Phase.SOLO if not s.opportunistic else Phase.PROFILE)
+            self._change(t, "production arrived", Phase.SOLO if not s.opportunistic else Phase.PROFILE)
             if self.phase == Phase.PROFILE:
-                self._profile(t)
+                self._profile(t, "production arrived")
             return self._budget()
         if self.phase == Phase.SOLO:
             if covered >= self.MIN_DATA_S:
@@ -389,11 +408,12 @@ class FastController:
                 self.turnover_at = None  # measured alone since the change
             if s.opportunistic:
                 if self.solo is None:
-                    self._profile(t)
+                    self._profile(t, "opportunistic work arrived")
                 else:  # a new pair whose production is known: no profile, a fresh start
                     self.rate_good = UNLIMITED
                     self.bound.restore()
-                    self._change(t, Phase.RUN, UNLIMITED)
+                    self._change(t, "opportunistic work arrived beside production measured alone", Phase.RUN,
+                                 UNLIMITED)
             return self._budget()
         if self.phase == Phase.PROFILE:
             if t - self.profile_from + s.dt > self.cfg.profile_s + 1e-9:
@@ -404,11 +424,12 @@ class FastController:
                     self._profiled(p)
                 self.violations = 0
                 self.drift_since = None
-                self._change(t, Phase.RUN if s.opportunistic else Phase.SOLO, self.rate_good)
+                self._change(t, f"profiled: production alone at {p:,.0f} blocks/s (solo figure {self.solo or 0:,.0f})",
+                             Phase.RUN if s.opportunistic else Phase.SOLO, self.rate_good)
             return self._budget()
         # RUN
         if not s.opportunistic:
-            self._change(t, Phase.SOLO)
+            self._change(t, "no opportunistic work on the GPU", Phase.SOLO)
             return self._budget()
         if self.window.quiet_s() >= self.IDLE_S - 1e-9:
             # production is idle (between jobs, evaluating on the CPU): no limit; the gate
@@ -417,11 +438,11 @@ class FastController:
                 self.idle = True
                 self.violations = 0
                 self.rate_good = UNLIMITED  # what production comes back to starts afresh
-                self._change(t, rate=UNLIMITED)
+                self._change(t, f"production launched nothing for {self.IDLE_S:g} s: no limit", rate=UNLIMITED)
             return self._budget()
         if self.idle:  # back, perhaps as a new job with a load of its own: measure it
             self.idle = False
-            self._profile(t)
+            self._profile(t, "production back from idle")
             return self._budget()
         if self.turnover_at is not None and t - self.turnover_at >= self.TURNOVER_S - 1e-9 \
                 and covered >= self.TURNOVER_S / 2:
@@ -433,7 +454,7 @@ class FastController:
             solo = self.solo or 0.0
             if not (1 - self.cfg.tolerance) * solo <= p <= (1 + self.LOAD_CHANGE) * solo:
                 self.rate_good = UNLIMITED  # a new load starts afresh, as after an idle spell
-                self._profile(t)
+                self._profile(t, f"a second after a production process started or ended, {self._of_solo(p)}")
                 return self._budget()
         if t - self.decided_at < self.DECIDE_S or covered < self.MIN_DATA_S:
             return self._budget()
@@ -456,19 +477,21 @@ class FastController:
             self.drift_since = self.drift_since if self.drift_since is not None else t
             if t - self.drift_since >= 0.5:
                 self.solo = p  # at least this much, until the profile says exactly
-                self._profile(t)
+                self._profile(t, f"production above its solo figure by {self.LOAD_CHANGE:.0%} for 0.5 s")
                 return self._budget()
         else:
             self.drift_since = None
         if p < (1 - tol) * solo:
-            if self.violations == 0 and self._own_fall(p, solo, self.window.overlap(judged_from)):
+            seen = self.window.overlap(judged_from)
+            if self.violations == 0 and self._own_fall(p, solo, seen):
                 # production fell with next to no opportunistic work beside it: its own
                 # load changed (two jobs' bursts fell together; a PyTorch job's warm-up,
                 # which its first profile caught, ended). Its present progress is its solo
                 # progress; nothing is cut (two cuts that brought nothing back took 2.4 s
                 # to say so, with the in-flight bound at one meanwhile)
                 self.solo, self.profiles, self.own_fall = p, [], p
-                self._change(t)
+                self._change(t, f"production fell to {p:,.0f} blocks/s with {seen.per_s:.4f} s/s of opportunistic "
+                             "work beside it: its own load, the new solo figure")
                 return self._budget()
             if self.violations == 0:
                 self.rate_good = self.rate
@@ -487,7 +510,7 @@ class FastController:
             if self.cuts >= 2 and p <= self.violation_p * (1 + tol / 2):
                 # what was tried did not help: it is production's own progress that changed
                 if t - self.profiled_at > self.ACCEPT_AFTER_PROFILE_S:
-                    self._profile(t)
+                    self._profile(t, f"two cuts brought nothing back ({self._of_solo(p)})")
                 else:  # just measured: take what production does now as its solo progress
                     # and undo what was tried, the in-flight bound with the rate (on an H100,
                     # every start of a PyTorch production job, whose warm-up its first profile
@@ -497,7 +520,8 @@ class FastController:
                     self.profiles = []
                     self.violations = 0
                     self.bound.restore()
-                    self._change(t, rate=self.rate_good)
+                    self._change(t, f"two cuts soon after a profile brought nothing back: production's own "
+                                 f"progress, {p:,.0f} blocks/s, is its solo figure", rate=self.rate_good)
                 return self._budget()
             if self.cuts and not self.checked and self.rate <= self.CHECK_PART * self.violation_o:
                 # the cuts have helped (else the rule above) and left at most a tenth of the
@@ -507,29 +531,33 @@ class FastController:
                 # as not helping; measured now, with little opportunistic work queued, the
                 # profile is not one it slows down)
                 self.checked = True
-                self._profile(t, periodic=True, check=True)
+                self._profile(t, f"cuts to a tenth left {self._of_solo(p)}: is the figure still its own?",
+                              periodic=True, check=True)
                 return self._budget()
             # first, the in-flight bound: back from a deeper trial, else fewer kernels for
             # production to wait behind
-            if self._ease_inflight(t) and self.violation_p >= (1 - 4 * tol) * solo:
+            harm = f"{self._of_solo(p)}; {self._seen(p, solo, seen)}" if self.violations == 1 else self._of_solo(p)
+            if self._ease_inflight(t, harm) and self.violation_p >= (1 - 4 * tol) * solo:
                 return self._budget()
             # far below (more than waiting behind a kernel can explain), or nothing left to
             # ease: cut the rate
             base = o if self.rate == UNLIMITED else min(float(self.rate), max(o, 1.0))
-            self._change(t, rate=max(int(base * self._cut(p, solo)), 1))
+            self._change(t, f"{harm}: rate cut", rate=max(int(base * self._cut(p, solo)), 1))
             self.cuts += 1
         else:
             self.violations = 0
             if self.rate != UNLIMITED:
                 cap = max(2.0 * o, 1.0)
                 new = int(self.rate * self.RAMP) + 1
-                self._change(t, rate=UNLIMITED if new > cap and o < 0.5 * self.rate else new)
+                lift = new > cap and o < 0.5 * self.rate
+                self._change(t, "production holds: " + ("limit unused, lifted" if lift else "rate raised"),
+                             rate=UNLIMITED if lift else new)
                 self.rate_good = self.rate
             elif self.bound.holds(t):
-                self._change(t)
+                self._change(t, f"production holds: in-flight bound {self.bound.kernels} tried")
                 return self._budget()
             if t - self.profiled_at > self.cfg.reprofile_s:
-                self._profile(t, periodic=True)
+                self._profile(t, "periodic", periodic=True)
         return self._budget()
 
 

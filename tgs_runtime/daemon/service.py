@@ -602,7 +602,7 @@ class Daemon:
                            inflight_max=budget.inflight,
                            solo_blocks_per_s=budget.solo, progress_blocks_per_s=round(budget.progress),
                            overlap_per_s=None if budget.overlap is None else round(budget.overlap, 4),
-                           shares={k: _rate_text(v) for k, v in rates.items()})
+                           shares={k: _rate_text(v) for k, v in rates.items()}, **({"why": budget.why} if budget.why else {}))
         st.last = {"state": budget.state, "rate": budget.rate, "solo": budget.solo, "progress": budget.progress,
                    "inflight": budget.inflight, "gate": budget.gate, "overlap": budget.overlap}
         # behind production, one container launches at a time; without production, all at once

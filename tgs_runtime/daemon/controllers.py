@@ -43,8 +43,8 @@ take turns at it (`take_turns`). Pure logic: no clocks, no I/O.
   present progress is taken as its solo progress and the rate and the in-flight bound go
   back to where they were. Where the opportunistic shims watched production (waited
   behind it for most of its busy time) and saw their own work beside it for under a
-  quarter of the fall (`Overlap`), a fall at the start of a run of violations is taken as
-  production's own at once, nothing cut; a profile that finds production alone above
+  quarter of the fall (`Overlap`), a fall is taken as production's own at once, at any
+  violation before the run's first cut (its start may be too small to tell), nothing cut; a profile that finds production alone above
   such a figure by more than the tolerance ends that for the load. If
   cuts that help a little have taken the rate to a tenth of what opportunistic work ran at
   and production is still below, production is profiled once more in that run of violations
@@ -483,12 +483,19 @@ class FastController:
             self.drift_since = None
         if p < (1 - tol) * solo:
             seen = self.window.overlap(judged_from)
-            if self.violations == 0 and self._own_fall(p, solo, seen):
+            if (self.violations == 0 or self.cuts == 0) and self._own_fall(p, solo, seen):
                 # production fell with next to no opportunistic work beside it: its own
                 # load changed (two jobs' bursts fell together; a PyTorch job's warm-up,
                 # which its first profile caught, ended). Its present progress is its solo
                 # progress; nothing is cut (two cuts that brought nothing back took 2.4 s
-                # to say so, with the in-flight bound at one meanwhile)
+                # to say so, with the in-flight bound at one meanwhile). Judged again while
+                # the run of violations has eased only the in-flight bound (which is then
+                # undone): a fall that comes over a second or two is marginal at first,
+                # where the bar (a quarter of the fall) is below the little the shims see
+                # beside production anyway, and the cuts that followed took 5-6 s to say so
+                if self.violations:
+                    self.violations = 0
+                    self.bound.restore()
                 self.solo, self.profiles, self.own_fall = p, [], p
                 self._change(t, f"production fell to {p:,.0f} blocks/s with {seen.per_s:.4f} s/s of opportunistic "
                              "work beside it: its own load, the new solo figure")

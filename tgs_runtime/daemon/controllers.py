@@ -26,7 +26,7 @@ take turns at it (`take_turns`). Pure logic: no clocks, no I/O.
   opportunistic kernel) can sit just inside the tolerance, so a short window takes noise
   for harm (the isolation bench's 75 % duty lost a fifth of its idle time to
   that). Production's own load growing (P above S by 10 % for half a second) or falling
-  (cuts that do not bring P back) triggers a new profile. Production launching nothing for
+  (cuts that do not bring P back) triggers a new profile, unless the shims tell (below). Production launching nothing for
   half a second lifts the limit at once, and its return is profiled (it may be a new job).
   A production process that starts or ends (a new job; tgsd tells) restarts the
   measurement: the moment of the change, when production does less, is not taken for harm;
@@ -43,9 +43,11 @@ take turns at it (`take_turns`). Pure logic: no clocks, no I/O.
   present progress is taken as its solo progress and the rate and the in-flight bound go
   back to where they were. Where the opportunistic shims watched production (waited
   behind it for most of its busy time) and saw their own work beside it for under a
-  quarter of the fall (`Overlap`), a fall is taken as production's own at once, at any
-  violation before the run's first cut (its start may be too small to tell), nothing cut; a profile that finds production alone above
-  such a figure by more than the tolerance ends that for the load. If
+  quarter of the change (`Overlap`), a fall is taken as production's own at once, at any
+  violation before the run's first cut (its start may be too small to tell), nothing cut,
+  and a rise of 10 % likewise, raised by that overlap (what sharing may hide), unprofiled;
+  a profile that finds production alone above such a figure by more than the tolerance
+  ends that for the load. If
   cuts that help a little have taken the rate to a tenth of what opportunistic work ran at
   and production is still below, production is profiled once more in that run of violations
   (a check: the rate stays where the cuts left it, and little opportunistic work is queued
@@ -254,7 +256,7 @@ class FastController:
         self.idle = False  # production attached but launching nothing
         self.processes: frozenset[int] = frozenset()  # production's, as of the last sample
         self.turnover_at: float | None = None  # a production process started or ended then: judge the load
-        self.own_fall: float | None = None  # a solo figure taken from a fall seen as production's own
+        self.own_figure: float | None = None  # a solo figure taken from a change seen as production's own
         self.overlap_trusted = True  # no profile of this load has caught the overlap signal out
         self.why = ""  # what the latest change answered
 
@@ -277,14 +279,14 @@ class FastController:
         return f"production at {p / self.solo:.3f} of its solo progress" if self.solo else f"production at {p:,.0f} blocks/s"
 
     def _seen(self, p: float, solo: float, seen: Overlap) -> str:
-        """Why a fall was not taken as production's own (`_own_fall`), for the decision log."""
+        """Why a change was not taken as production's own (`_own_change`), for the decision log."""
         if not self.overlap_trusted:
             return "the overlap signal was caught out for this load"
         if seen.per_s is None:
             waited = f"{seen.gated_s / seen.busy_s:.2f}" if seen.busy_s > 0 else "none"
             return f"opportunistic work not watching (waited behind production for {waited} of its busy time)"
         return (f"opportunistic work beside it {seen.per_s:.4f} s/s (under "
-                f"{self.OWN_FALL_PART * (1 - p / solo):.4f} the fall would be its own)")
+                f"{self.OWN_FALL_PART * abs(1 - p / solo):.4f} the change would be its own)")
 
     def _budget(self) -> Budget:
         """Without production on the GPU, opportunistic work has no limit at all: not even the
@@ -308,7 +310,7 @@ class FastController:
         if not periodic:
             self.profiles = []
             self.bound.restore()
-            self.own_fall, self.overlap_trusted = None, True
+            self.own_figure, self.overlap_trusted = None, True
             if self.turnover_at is not None and t - self.turnover_at >= self.TURNOVER_S - 1e-9:
                 self.turnover_at = None  # the load after a turnover is measured now (sooner: its start)
         self.checking = check  # its end is `_checked`
@@ -319,12 +321,13 @@ class FastController:
     def _profiled(self, p: float) -> None:
         """A profile knows production's solo progress only to about one of its iterations;
         profiles of the same load (within LOAD_CHANGE of their mean) are averaged. One that
-        finds production alone above a figure taken from a fall seen as its own by more than
-        the tolerance catches the overlap signal out: for this load, falls are judged
-        without it (by cuts, as where opportunistic work does not watch)."""
-        if self.own_fall is not None and p > (1 + self.cfg.tolerance) * self.own_fall:
+        finds production alone above a figure taken from a change seen as its own by more
+        than the tolerance catches the overlap signal out: for this load, changes are judged
+        without it (falls by cuts, as where opportunistic work does not watch; rises by a
+        profile)."""
+        if self.own_figure is not None and p > (1 + self.cfg.tolerance) * self.own_figure:
             self.overlap_trusted = False
-        self.own_fall = None
+        self.own_figure = None
         mean = sum(self.profiles) / len(self.profiles) if self.profiles else None
         same = mean is not None and abs(p - mean) <= self.LOAD_CHANGE * mean
         self.profiles = (self.profiles[-(self.PROFILES_KEPT - 1):] if same else []) + [p]
@@ -351,14 +354,15 @@ class FastController:
                 self._profiled(p)  # the run of violations goes on, checked once
         self._change(t, why, Phase.RUN)
 
-    def _own_fall(self, p: float, solo: float, seen: Overlap) -> bool:
-        """Whether a fall of production's progress to p is its own: opportunistic work
-        watched production (`Overlap.watched`) and overlapped it for less than OWN_FALL_PART
-        of the fall (a second of production delayed behind or beside opportunistic work
-        costs it at most that second), and the signal has not been caught out for this load
-        (a profile that found production alone above a figure it set)."""
+    def _own_change(self, p: float, solo: float, seen: Overlap) -> bool:
+        """Whether a change of production's progress from solo to p (a fall or a rise) is
+        its own: opportunistic work watched production (`Overlap.watched`) and overlapped it
+        for less than OWN_FALL_PART of the change (a second of production delayed behind or
+        beside opportunistic work costs it at most that second), and the signal has not been
+        caught out for this load (a profile that found production alone above a figure it
+        set)."""
         beside = seen.per_s
-        return self.overlap_trusted and beside is not None and beside < self.OWN_FALL_PART * (1 - p / solo)
+        return self.overlap_trusted and beside is not None and beside < self.OWN_FALL_PART * abs(1 - p / solo)
 
     def _cut(self, p: float, solo: float) -> float:
         """The part of the rate a cut keeps: 70 %, or tolerance / shortfall where production
@@ -471,19 +475,33 @@ class FastController:
             if long_covered < self.CONFIRM_S:
                 return self._budget()
             p, judged_from = long_p, since
-        # production does clearly more than its solo figure: its own load grew; measure it
-        # alone again (a fall shows up as a violation that cuts do not fix, below)
+        # production does clearly more than its solo figure: its own load grew (a fall
+        # shows up as a violation that cuts do not fix, below). Where the shims saw next to
+        # no opportunistic work beside it, sharing hides at most the part of each second
+        # production spent beside that work: that much above its progress is its solo
+        # figure, with no profile (two production jobs' bursts drawing apart, in the
+        # dynamics benchmark's pair phase, paused opportunistic work for a second each
+        # time, and a pause near the phase's end missed its 5 s); else it is measured alone
         if p > solo * (1 + self.LOAD_CHANGE):
             self.drift_since = self.drift_since if self.drift_since is not None else t
             if t - self.drift_since >= 0.5:
+                self.drift_since = None
+                seen = self.window.overlap(judged_from)
+                if self._own_change(p, solo, seen):
+                    self.solo = self.own_figure = p * (1 + (seen.per_s or 0.0))
+                    self.profiles = []
+                    self._change(t, f"production rose to {p:,.0f} blocks/s with {seen.per_s:.4f} s/s of "
+                                 f"opportunistic work beside it: its own load, solo figure {self.solo:,.0f}")
+                    return self._budget()
                 self.solo = p  # at least this much, until the profile says exactly
-                self._profile(t, f"production above its solo figure by {self.LOAD_CHANGE:.0%} for 0.5 s")
+                self._profile(t, f"production above its solo figure by {self.LOAD_CHANGE:.0%} for 0.5 s; "
+                              + self._seen(p, solo, seen))
                 return self._budget()
         else:
             self.drift_since = None
         if p < (1 - tol) * solo:
             seen = self.window.overlap(judged_from)
-            if (self.violations == 0 or self.cuts == 0) and self._own_fall(p, solo, seen):
+            if (self.violations == 0 or self.cuts == 0) and self._own_change(p, solo, seen):
                 # production fell with next to no opportunistic work beside it: its own
                 # load changed (two jobs' bursts fell together; a PyTorch job's warm-up,
                 # which its first profile caught, ended). Its present progress is its solo
@@ -496,7 +514,7 @@ class FastController:
                 if self.violations:
                     self.violations = 0
                     self.bound.restore()
-                self.solo, self.profiles, self.own_fall = p, [], p
+                self.solo, self.profiles, self.own_figure = p, [], p
                 self._change(t, f"production fell to {p:,.0f} blocks/s with {seen.per_s:.4f} s/s of opportunistic "
                              "work beside it: its own load, the new solo figure")
                 return self._budget()

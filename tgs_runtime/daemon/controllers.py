@@ -282,6 +282,8 @@ class FastController:
         """Why a change was not taken as production's own (`_own_change`), for the decision log."""
         if not self.overlap_trusted:
             return "the overlap signal was caught out for this load"
+        if solo <= 0:
+            return "no solo figure to judge against"
         if seen.per_s is None:
             waited = f"{seen.gated_s / seen.busy_s:.2f}" if seen.busy_s > 0 else "none"
             return f"opportunistic work not watching (waited behind production for {waited} of its busy time)"
@@ -362,7 +364,8 @@ class FastController:
         caught out for this load (a profile that found production alone above a figure it
         set)."""
         beside = seen.per_s
-        return self.overlap_trusted and beside is not None and beside < self.OWN_FALL_PART * abs(1 - p / solo)
+        return (self.overlap_trusted and beside is not None and solo > 0
+                and beside < self.OWN_FALL_PART * abs(1 - p / solo))
 
     def _cut(self, p: float, solo: float) -> float:
         """The part of the rate a cut keeps: 70 %, or tolerance / shortfall where production

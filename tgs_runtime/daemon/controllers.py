@@ -268,18 +268,17 @@ class FastController:
         self.changed_at = t
         self.why = why
 
-    def _ease_inflight(self, t: float, why: str) -> bool:
-        """Harm: the in-flight bound's answer first (`InflightBound.ease`). Whether it had one."""
-        if not self.bound.ease(t):
-            return False
-        self._change(t, f"{why}: in-flight bound {self.bound.kernels}")
-        return True
-
     def _of_solo(self, p: float) -> str:
         return f"production at {p / self.solo:.3f} of its solo progress" if self.solo else f"production at {p:,.0f} blocks/s"
 
-    def _seen(self, p: float, solo: float, seen: Overlap) -> str:
-        """Why a change was not taken as production's own (`_own_change`), for the decision log."""
+    def _not_own(self, p: float, solo: float, seen: Overlap) -> str | None:
+        """Why a change of production's progress from solo to p (a fall or a rise) is not
+        known to be its own, for the decision log; None where it is: opportunistic work
+        watched production (`Overlap.watched`) and overlapped it for less than
+        OWN_FALL_PART of the change (a second of production delayed behind or beside
+        opportunistic work costs it at most that second), and the signal has not been
+        caught out for this load (a profile that found production alone above a figure it
+        set)."""
         if not self.overlap_trusted:
             return "the overlap signal was caught out for this load"
         if solo <= 0:
@@ -287,8 +286,10 @@ class FastController:
         if seen.per_s is None:
             waited = f"{seen.gated_s / seen.busy_s:.2f}" if seen.busy_s > 0 else "none"
             return f"opportunistic work not watching (waited behind production for {waited} of its busy time)"
-        return (f"opportunistic work beside it {seen.per_s:.4f} s/s (under "
-                f"{self.OWN_FALL_PART * abs(1 - p / solo):.4f} the change would be its own)")
+        bar = self.OWN_FALL_PART * abs(1 - p / solo)
+        if seen.per_s < bar:
+            return None
+        return f"opportunistic work beside it {seen.per_s:.4f} s/s (under {bar:.4f} the change would be its own)"
 
     def _budget(self) -> Budget:
         """Without production on the GPU, opportunistic work has no limit at all: not even the
@@ -355,17 +356,6 @@ class FastController:
                 why = f"checked the solo figure: production alone at {p:,.0f} blocks/s"
                 self._profiled(p)  # the run of violations goes on, checked once
         self._change(t, why, Phase.RUN)
-
-    def _own_change(self, p: float, solo: float, seen: Overlap) -> bool:
-        """Whether a change of production's progress from solo to p (a fall or a rise) is
-        its own: opportunistic work watched production (`Overlap.watched`) and overlapped it
-        for less than OWN_FALL_PART of the change (a second of production delayed behind or
-        beside opportunistic work costs it at most that second), and the signal has not been
-        caught out for this load (a profile that found production alone above a figure it
-        set)."""
-        beside = seen.per_s
-        return (self.overlap_trusted and beside is not None and solo > 0
-                and beside < self.OWN_FALL_PART * abs(1 - p / solo))
 
     def _cut(self, p: float, solo: float) -> float:
         """The part of the rate a cut keeps: 70 %, or tolerance / shortfall where production
@@ -490,21 +480,22 @@ class FastController:
             if t - self.drift_since >= 0.5:
                 self.drift_since = None
                 seen = self.window.overlap(judged_from)
-                if self._own_change(p, solo, seen):
-                    self.solo = self.own_figure = p * (1 + (seen.per_s or 0.0))
+                not_own = self._not_own(p, solo, seen)
+                if not_own is None:
+                    self.solo = self.own_figure = p * (1 + seen.per_s)
                     self.profiles = []
                     self._change(t, f"production rose to {p:,.0f} blocks/s with {seen.per_s:.4f} s/s of "
                                  f"opportunistic work beside it: its own load, solo figure {self.solo:,.0f}")
                     return self._budget()
                 self.solo = p  # at least this much, until the profile says exactly
-                self._profile(t, f"production above its solo figure by {self.LOAD_CHANGE:.0%} for 0.5 s; "
-                              + self._seen(p, solo, seen))
+                self._profile(t, f"production above its solo figure by {self.LOAD_CHANGE:.0%} for 0.5 s; {not_own}")
                 return self._budget()
         else:
             self.drift_since = None
         if p < (1 - tol) * solo:
             seen = self.window.overlap(judged_from)
-            if (self.violations == 0 or self.cuts == 0) and self._own_change(p, solo, seen):
+            not_own = self._not_own(p, solo, seen)
+            if (self.violations == 0 or self.cuts == 0) and not_own is None:
                 # production fell with next to no opportunistic work beside it: its own
                 # load changed (two jobs' bursts fell together; a PyTorch job's warm-up,
                 # which its first profile caught, ended). Its present progress is its solo
@@ -564,9 +555,11 @@ class FastController:
                 return self._budget()
             # first, the in-flight bound: back from a deeper trial, else fewer kernels for
             # production to wait behind
-            harm = f"{self._of_solo(p)}; {self._seen(p, solo, seen)}" if self.violations == 1 else self._of_solo(p)
-            if self._ease_inflight(t, harm) and self.violation_p >= (1 - 4 * tol) * solo:
-                return self._budget()
+            harm = f"{self._of_solo(p)}; {not_own}" if self.violations == 1 else self._of_solo(p)
+            if self.bound.ease(t):
+                self._change(t, f"{harm}: in-flight bound {self.bound.kernels}")
+                if self.violation_p >= (1 - 4 * tol) * solo:
+                    return self._budget()
             # far below (more than waiting behind a kernel can explain), or nothing left to
             # ease: cut the rate
             base = o if self.rate == UNLIMITED else min(float(self.rate), max(o, 1.0))

@@ -18,6 +18,7 @@
  */
 #define _GNU_SOURCE
 #include "tgs.h"
+#include "kernel_length.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -501,23 +502,16 @@ __attribute__((noinline)) static void timer_stop(struct tgs_gpu *g, CUstream s, 
     __atomic_store_n(&g->timing, ok ? TGS_TIMER_RUNNING : TGS_TIMER_IDLE, __ATOMIC_RELEASE);
 }
 
-/* A reading of t ns for `fn` on `blocks`. The kernel's own length is the shorter of its
- * first two readings (one that waited behind other work does not last), then moves a
- * quarter of the way to each new one, taken as at most four times the length: one reading
- * that waited long cannot multiply it (it grows at most 1.75 times a reading), and a
- * kernel that has really grown longer is caught up with in a few. Never 0 (not timed)
- * once timed. Its function notes that length on that grid size (or the reading, for a
- * kernel the full table cannot take: it stays new, and is timed whenever the timer is
- * free). */
+/* A reading of t ns for `fn` on `blocks` moves its length (kernel_length.h). Its
+ * function notes that length on that grid size (or the reading, for a kernel the full
+ * table cannot take: it stays new, and is timed whenever the timer is free). */
 static void kernel_length_note(struct tgs_gpu *g, uintptr_t fn, uint64_t blocks, uint64_t t) {
-    uint64_t ns = t ? t : 1; /* a first reading, or one the full table cannot take */
+    uint64_t ns = t ? t : 1;
     struct tgs_kernel_length *k = kernel_slot(g, fn, blocks, 1);
     if (k) {
-        uint64_t old = __atomic_load_n(&k->ns, __ATOMIC_RELAXED), readings = k->readings;
-        if (readings == 1)
-            ns = t && t < old ? t : old;
-        else if (readings > 1)
-            ns = old - old / 4 + (t < 4 * old ? t : 4 * old) / 4;
+        uint64_t readings = k->readings;
+        ns = tgs_kernel_length_next(__atomic_load_n(&k->ns, __ATOMIC_RELAXED), k->last, readings, t);
+        k->last = t;
         __atomic_store_n(&k->ns, ns, __ATOMIC_RELEASE);
         __atomic_store_n(&k->readings, readings + 1, __ATOMIC_RELEASE);
     }

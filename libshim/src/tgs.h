@@ -42,6 +42,7 @@ struct tgs_kernel_length {
     uint64_t blocks; /* its grid's thread blocks */
     uint64_t ns;     /* how long it runs (0: not timed yet) */
     uint64_t readings; /* how many times it was timed */
+    uint64_t last;     /* its last reading */
 };
 #define TGS_FN_BITS 9 /* 512 functions (or graphs) whose lengths on their last grid sizes are remembered, per GPU */
 #define TGS_FNS (1u << TGS_FN_BITS)

@@ -1,0 +1,18 @@
+/* Feeds readings (ns, one per argument) through libtgs.so's kernel-length rule
+ * (libshim/src/kernel_length.h) and prints the length after each, space-separated. */
+#include <stdio.h>
+#include <stdlib.h>
+
+#include "../../libshim/src/kernel_length.h"
+
+int main(int argc, char **argv) {
+    uint64_t len = 0, last = 0;
+    for (int i = 1; i < argc; i++) {
+        uint64_t t = strtoull(argv[i], NULL, 10);
+        len = tgs_kernel_length_next(len, last, (uint64_t)(i - 1), t);
+        last = t;
+        printf("%s%llu", i > 1 ? " " : "", (unsigned long long)len);
+    }
+    printf("\n");
+    return 0;
+}

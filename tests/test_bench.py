@@ -214,6 +214,22 @@ def test_the_pytorch_table_has_the_mps_row_when_it_ran_and_says_why_when_not():
     assert "| fast, bound kept at two | 0.980                  | 0.300                     | 0.500" in md
 
 
+def test_oversubscription_s_multiple_of_co_execution_comes_from_the_rates_not_the_rounded_ratios():
+    """Co-execution's opportunistic job runs at about 0.003 of exclusive: the table's
+    ratios, rounded to three places, are too coarse to divide (the suite at 2fec9b0 read
+    5.7x from 0.017 / 0.003 where the rates, 7.83 and 1.59 it/s, make 4.9x)."""
+    from bench.oversubscription import summarise
+
+    def ran(prod: float, opp: float) -> dict:
+        return {k: {"rate": rate, "rc": 0, "checksum_ok": True} for k, rate in (("prod", prod), ("opp", opp))}
+
+    res = {"exclusive": ran(157.9, 463.9), "co-execution": ran(26.1, 1.59), "TGS": ran(153.4, 7.83)}
+    rows, summary = summarise(res)
+    assert summary["TGS"]["opportunistic_vs_co_execution"] == 4.9
+    assert [r[2] for r in rows] == ["0.003", "0.017"]
+    assert summary["co-execution"]["failed"] == [] and rows[0][3] == "none"
+
+
 def test_a_controller_trace_sums_up_only_its_window():
     def gpu(beside, rate, inflight, busy, gated, overlap):
         return {"controller": {"state": "run", "opportunistic_beside_production": beside, "rate_blocks_per_s": rate,

@@ -506,7 +506,7 @@ __attribute__((noinline)) static void timer_stop(struct tgs_gpu *g, CUstream s, 
  * function notes that length on that grid size (or the reading, for a kernel the full
  * table cannot take: it stays new, and is timed whenever the timer is free). */
 static void kernel_length_note(struct tgs_gpu *g, uintptr_t fn, uint64_t blocks, uint64_t t) {
-    uint64_t ns = t ? t : 1;
+    uint64_t ns = t ? t : 1; /* the reading, for a kernel the full table cannot take */
     struct tgs_kernel_length *k = kernel_slot(g, fn, blocks, 1);
     if (k) {
         uint64_t readings = k->readings;

@@ -23,10 +23,10 @@ static inline uint64_t tgs_kernel_length_next(uint64_t len, uint64_t last, uint6
         return t ? t : 1;
     if (readings == 1)
         return t && t < len ? t : len;
-    uint64_t counted = t <= len ? t : t < last ? t : last > len ? last : len;
-    if (counted > 4 * len)
-        counted = 4 * len;
-    return len - len / 4 + counted / 4;
+    uint64_t reach = last > len ? last : len; /* as far as a reading counts */
+    if (reach > 4 * len)
+        reach = 4 * len;
+    return len - len / 4 + (t < reach ? t : reach) / 4;
 }
 
 #endif

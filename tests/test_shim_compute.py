@@ -199,36 +199,40 @@ def test_a_run_of_long_kernels_is_costed_kernel_by_kernel(simgpu, container, lib
     assert shared >= 0.84 * solo, f"production ran {shared:.0f} kernels/s beside it, {solo:.0f} alone"
 
 
-def kernel_lengths(c_programs, readings_us: list[int]) -> list[float]:
+def kernel_lengths(c_programs, readings_us: list[int]) -> list[tuple[float, bool]]:
     """One kernel's length (us) in libtgs.so after each of `readings_us`, by the shim's own
-    rule (libshim/src/kernel_length.h)."""
+    rule (libshim/src/kernel_length.h), and whether that reading is to be confirmed (the
+    kernel timed again whenever the timer is free)."""
     exe = c_programs("kernel_length.c")
     out = subprocess.run([str(exe), *(str(r * 1000) for r in readings_us)], capture_output=True, text=True,
                          check=True).stdout
-    return [int(x) / 1000 for x in out.split()]
+    return [(int(x.rstrip("*")) / 1000, x.endswith("*")) for x in out.split()]
 
 
 def test_a_reading_that_waited_once_leaves_a_kernels_length(c_programs):
     """A 1 ms kernel timed across another context's 2 ms time slice reads 3 ms. One such
     reading among ordinary ones moves nothing, nor do such readings every other time
     (each made the length 1.5 ms, and an anticipating job beside 75 % production then had
-    about 0.8 of the idle time for a second, on simgpu); a kernel that really grew is
-    followed from its second long reading on."""
+    about 0.8 of the idle time for a second, on simgpu). It asks for the kernel to be
+    timed again at once, so that a kernel that really grew is followed from its next
+    launch on."""
     steady = [1000] * 6
-    assert kernel_lengths(c_programs, steady + [3000, 1000, 1000])[-3:] == [1000, 1000, 1000]
-    assert max(kernel_lengths(c_programs, steady + [3000, 1000] * 5)) == 1000
+    once = kernel_lengths(c_programs, steady + [3000, 1000, 1000])
+    assert once[-3:] == [(1000, True), (1000, False), (1000, False)]
+    assert max(length for length, _ in kernel_lengths(c_programs, steady + [3000, 1000] * 5)) == 1000
     grown = kernel_lengths(c_programs, steady + [3000] * 10)
-    assert grown[6] == 1000 and grown[7] == 1500, grown
-    assert grown[-1] == pytest.approx(2850, abs=5), grown
+    assert grown[6] == (1000, True) and grown[7] == (1500, False), grown
+    assert grown[-1][0] == pytest.approx(2850, abs=5), grown
 
 
 def test_a_kernels_length_starts_from_its_shorter_first_reading_and_follows_it_down(c_programs):
     """The first of a kernel's readings may have waited behind other work: the shorter of
-    the first two is its length. A reading counts as at most four times the length, and a
-    shorter one moves it a quarter of the way at once."""
-    assert kernel_lengths(c_programs, [5000, 1000, 1000]) == [5000, 1000, 1000]
-    assert kernel_lengths(c_programs, [1000] * 4 + [100000] * 2)[-1] == 1750
-    assert kernel_lengths(c_programs, [1000] * 4 + [500])[-1] == 875
+    the first two is its length. A reading counts as at most four times the length (a
+    longer one asks to be confirmed, and moves it 1.75 times), and a shorter one moves it
+    a quarter of the way at once."""
+    assert kernel_lengths(c_programs, [5000, 1000, 1000]) == [(5000, False), (1000, False), (1000, False)]
+    assert kernel_lengths(c_programs, [1000] * 4 + [100000] * 2)[-2:] == [(1000, True), (1750, True)]
+    assert kernel_lengths(c_programs, [1000] * 4 + [500])[-1] == (875, False)
 
 
 def test_production_marks_each_iteration_start_for_tgsd_to_time(simgpu, container, libshim):

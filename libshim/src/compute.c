@@ -263,20 +263,22 @@ static uint64_t fn_length_near(struct tgs_gpu *g, uintptr_t fn, uint64_t blocks)
 }
 
 /* What the shim knows of the kernel one launch is about to start, looked up once per
- * launch: its own length (0: not timed on its grid), whether that was timed twice, and,
- * for a kernel timed fewer than twice, its function's length on the nearest grid size
- * timed (0: the function never was). */
+ * launch: its own length (0: not timed on its grid), whether that was timed twice,
+ * whether its last reading waits to be confirmed (kernel_length.h), and, for a kernel
+ * timed fewer than twice, its function's length on the nearest grid size timed (0: the
+ * function never was). */
 struct kernel_known {
     uint64_t own, near;
-    int twice;
+    int twice, recheck;
 };
 
 static struct kernel_known kernel_known(struct tgs_gpu *g, uintptr_t fn, uint64_t blocks) {
-    struct kernel_known kn = {0, 0, 0};
+    struct kernel_known kn = {0, 0, 0, 0};
     const struct tgs_kernel_length *k = kernel_slot(g, fn, blocks, 0);
     if (k) {
         kn.twice = __atomic_load_n(&k->readings, __ATOMIC_ACQUIRE) >= 2;
         kn.own = __atomic_load_n(&k->ns, __ATOMIC_ACQUIRE);
+        kn.recheck = __atomic_load_n(&k->recheck, __ATOMIC_RELAXED) != 0;
     }
     if (!kn.twice)
         kn.near = fn_length_near(g, fn, blocks);
@@ -474,8 +476,8 @@ __attribute__((noinline)) static int timer_start_now(struct tgs_gpu *g, CUstream
 }
 
 /* Whether this launch is the one to time (the count needs no atomicity: a lost increment
- * only times a launch later). A kernel timed fewer than twice (`new_kernel`) is timed
- * whenever the timer is free. */
+ * only times a launch later). A kernel timed fewer than twice, or whose last reading is
+ * to be confirmed (`new_kernel`), is timed whenever the timer is free. */
 static inline int timer_start(struct tgs_gpu *g, CUstream s, uint64_t now, uintptr_t fn, uint64_t blocks,
                               int new_kernel) {
     if (__atomic_load_n(&g->timing, __ATOMIC_RELAXED) != TGS_TIMER_IDLE)
@@ -509,10 +511,13 @@ static void kernel_length_note(struct tgs_gpu *g, uintptr_t fn, uint64_t blocks,
     uint64_t ns = t ? t : 1; /* the reading, for a kernel the full table cannot take */
     struct tgs_kernel_length *k = kernel_slot(g, fn, blocks, 1);
     if (k) {
-        uint64_t readings = k->readings;
-        ns = tgs_kernel_length_next(__atomic_load_n(&k->ns, __ATOMIC_RELAXED), k->last, readings, t);
+        uint32_t readings = k->readings;
+        struct tgs_kernel_reading r =
+            tgs_kernel_length_next(__atomic_load_n(&k->ns, __ATOMIC_RELAXED), k->last, readings, t);
+        ns = r.len;
         k->last = t;
         __atomic_store_n(&k->ns, ns, __ATOMIC_RELEASE);
+        __atomic_store_n(&k->recheck, (uint32_t)r.recheck, __ATOMIC_RELAXED);
         __atomic_store_n(&k->readings, readings + 1, __ATOMIC_RELEASE);
     }
     fn_length_note(g, fn, blocks, ns);
@@ -750,7 +755,7 @@ struct launch {
     int timed;         /* between the timer's events */
     uint64_t bound_ns; /* opportunistic: the work it may have in flight (0: unbounded), */
     uint64_t cost_ns;  /* and what this launch counts for */
-    int new_kernel;    /* timed fewer than twice */
+    int new_kernel;    /* timed fewer than twice, or its last reading to be confirmed */
 };
 
 /* Admits one launch of `fn` (what is launched) on `blocks`; returns when, if it
@@ -761,12 +766,12 @@ static uint64_t opportunistic_admit(struct tgs_gpu *g, struct launch *L, CUstrea
     uint64_t now = tgs_now(), start = now, until;
     int anticipate = (b->flags & TGS_GPU_ANTICIPATE) != 0;
     int timing = anticipate || b->inflight_max;
-    struct kernel_known kn = {0, 0, 0};
+    struct kernel_known kn = {0, 0, 0, 0};
     if (timing) {
         timer_read(g, now);
         kn = kernel_known(g, fn, blocks);
     }
-    L->new_kernel = timing && !kn.twice;
+    L->new_kernel = timing && (!kn.twice || kn.recheck);
     uint64_t k = timing ? kernel_expected(g, kn) : 0; /* read only when timing */
     uint64_t cost = kernel_cost(kn);
     int paid = 0; /* tokens are spent once per launch, however often production makes it wait */

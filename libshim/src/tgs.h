@@ -41,7 +41,8 @@ struct tgs_kernel_length {
     uintptr_t fn;    /* what was launched (a function or a graph), 0: free */
     uint64_t blocks; /* its grid's thread blocks */
     uint64_t ns;     /* how long it runs (0: not timed yet) */
-    uint64_t readings; /* how many times it was timed */
+    uint32_t readings; /* how many times it was timed */
+    uint32_t recheck;  /* 1: its last reading is to be confirmed (timed whenever the timer is free) */
     uint64_t last;     /* its last reading */
 };
 #define TGS_FN_BITS 9 /* 512 functions (or graphs) whose lengths on their last grid sizes are remembered, per GPU */

@@ -35,16 +35,44 @@ DEEPEN_S = 5.0       # a bound production held this long is tried twice as deep;
 
 
 @dataclass
+class Backoff:
+    """How long a trial waits after the last one failed: `base_s` at first, twice as long
+    after each failure (up to RETRY_MAX_S), `base_s` again once a trial succeeds. The bound
+    keeps two: the retry of a bound lowered to one kernel (base RETRY_S) and the next
+    deeper trial (base DEEPEN_S, the calm a deeper trial needs anyway)."""
+    base_s: float
+    wait_s: float = field(init=False)
+    since: float | None = field(init=False)  # waiting since (None: not waiting)
+
+    def __post_init__(self) -> None:
+        self.reset()
+
+    def reset(self) -> None:
+        self.wait_s, self.since = self.base_s, None
+
+    def wait(self, t: float, failed: bool) -> None:
+        """Start waiting at t; a failed trial doubles the wait first."""
+        if failed:
+            self.wait_s = min(2 * self.wait_s, RETRY_MAX_S)
+        self.since = t
+
+    def succeeded(self) -> None:
+        self.wait_s = self.base_s
+
+    def over(self, t: float) -> bool:
+        return self.since is None or t - self.since >= self.wait_s
+
+
+@dataclass
 class InflightBound:
     configured: int  # [control] inflight: where every load starts (0: none)
     deepest: int     # [control] inflight_deepest: the deepest a trial goes
     kernels: int = field(init=False)  # the bound now
     held: int = field(init=False)     # the deepest bound production has held through a trial (of this load)
-    lowered_at: float | None = field(init=False)   # when harm lowered the bound to one
-    retry_s: float = field(init=False)             # how long after that it is tried again
+    lowered: bool = field(init=False)              # harm lowered the bound to one; `retry` says when it is tried again
+    retry: Backoff = field(init=False)
+    deepen: Backoff = field(init=False)            # when a deeper trial may start after one failed
     trying_since: float | None = field(init=False)  # the bound is on trial since
-    deepen_s: float = field(init=False)            # after a deeper trial failed, the next waits this long ...
-    deeper_at: float = field(init=False)           # ... until then
     calm_since: float | None = field(init=False)   # production has held since (no harm, no change of bound)
 
     def __post_init__(self) -> None:
@@ -53,9 +81,9 @@ class InflightBound:
     def restore(self) -> None:
         """A new load starts from the configured bound, with no trials behind it."""
         self.kernels = self.held = self.configured
-        self.lowered_at = self.trying_since = self.calm_since = None
-        self.retry_s = self.deepen_s = RETRY_S
-        self.deeper_at = float("-inf")
+        self.lowered = False
+        self.trying_since = self.calm_since = None
+        self.retry, self.deepen = Backoff(RETRY_S), Backoff(DEEPEN_S)
 
     @property
     def deeper(self) -> bool:
@@ -70,16 +98,14 @@ class InflightBound:
         """Harm: back from a deeper trial to the bound production held, else down to one
         kernel. Whether the bound changed (not where it is one already)."""
         if self.deeper:
-            self.deeper_at = t + self.deepen_s
-            self.deepen_s = min(2 * self.deepen_s, RETRY_MAX_S)
+            self.deepen.wait(t, failed=True)
             self._set(t, self.held)
             return True
         if self.kernels == 1:
             return False
-        if self.trying_since is not None:
-            self.retry_s = min(2 * self.retry_s, RETRY_MAX_S)
+        self.retry.wait(t, failed=self.trying_since is not None)
         self.held = self.configured
-        self.lowered_at = t
+        self.lowered = True
         self._set(t, 1)
         return True
 
@@ -92,19 +118,20 @@ class InflightBound:
             if t - self.trying_since < (DEEPEN_S if self.deeper else TRY_S):
                 return False
             if self.deeper:
-                self.deepen_s = RETRY_S
+                self.deepen.succeeded()
             self.held, self.calm_since = self.kernels, self.trying_since  # the trial was calm
-            self.trying_since = self.lowered_at = None
-            self.retry_s = RETRY_S
-        if self.lowered_at is not None:
-            if self.kernels != 1 or t - self.lowered_at < self.retry_s:
+            self.trying_since = None
+            self.lowered = False
+            self.retry.succeeded()
+        if self.lowered:
+            if self.kernels != 1 or not self.retry.over(t):
                 return False
-            self.lowered_at = None
+            self.lowered = False
             self._set(t, self.held, trial=True)
             return True
         if self.calm_since is None:
             self.calm_since = t
-        if 0 < self.kernels < self.deepest and t - self.calm_since >= DEEPEN_S and t >= self.deeper_at:
+        if 0 < self.kernels < self.deepest and t - self.calm_since >= DEEPEN_S and self.deepen.over(t):
             self._set(t, min(2 * self.kernels, self.deepest), trial=True)
             return True
         return False

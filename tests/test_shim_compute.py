@@ -199,12 +199,12 @@ def test_a_run_of_long_kernels_is_costed_kernel_by_kernel(simgpu, container, lib
     assert shared >= 0.84 * solo, f"production ran {shared:.0f} kernels/s beside it, {solo:.0f} alone"
 
 
-def kernel_lengths(c_programs, readings_us: list[int]) -> list[tuple[float, bool]]:
+def kernel_lengths(c_programs, readings_us: list[float]) -> list[tuple[float, bool]]:
     """One kernel's length (us) in libtgs.so after each of `readings_us`, by the shim's own
     rule (libshim/src/kernel_length.h), and whether that reading is to be confirmed (the
     kernel timed again whenever the timer is free)."""
     exe = c_programs("kernel_length.c")
-    out = subprocess.run([str(exe), *(str(r * 1000) for r in readings_us)], capture_output=True, text=True,
+    out = subprocess.run([str(exe), *(str(round(r * 1000)) for r in readings_us)], capture_output=True, text=True,
                          check=True).stdout
     return [(int(x.rstrip("*")) / 1000, x.endswith("*")) for x in out.split()]
 
@@ -223,6 +223,19 @@ def test_a_reading_that_waited_once_leaves_a_kernels_length(c_programs):
     grown = kernel_lengths(c_programs, steady + [3000] * 10)
     assert grown[6] == (1000, True) and grown[7] == (1500, False), grown
     assert grown[-1][0] == pytest.approx(2850, abs=5), grown
+
+
+def test_a_reading_within_a_kernels_jitter_is_not_timed_again(c_programs):
+    """Only a reading clearly longer than it counted for asks for the kernel to be timed
+    again at once: an empty kernel reading 440 ns after 270 (its timings' jitter), or a
+    1 ms kernel reading a tenth longer, waits for its next sampled timing like any other
+    (a third of an empty kernel's readings used to ask, adding about 70 instructions to
+    every bounded opportunistic launch). A quarter longer, and by over a microsecond, asks."""
+    empty = kernel_lengths(c_programs, [0.28, 0.27, 0.25, 0.27, 0.44, 0.3, 0.45])
+    assert not any(again for _, again in empty), empty
+    assert kernel_lengths(c_programs, [1000] * 4 + [1100])[-1] == (1000, False)
+    assert kernel_lengths(c_programs, [1000] * 4 + [1300])[-1] == (1000, True)
+    assert kernel_lengths(c_programs, [2] * 4 + [4])[-1] == (2, True)
 
 
 def test_a_kernels_length_starts_from_its_shorter_first_reading_and_follows_it_down(c_programs):

@@ -13,14 +13,22 @@
  * far as the reading before it was long too, and as at most four times the length: one
  * reading that waited (a kernel preempted by another context's time slice, say) moves
  * nothing, and a kernel that has really grown longer is followed from its second long
- * reading on. A reading that counted for less than itself asks for that second one at
- * once (`recheck`: the kernel is timed again whenever the timer is free), so that real
- * growth is followed from the kernel's next launch rather than its next sampled one, tens
- * of milliseconds later. (Each reading that waited used to move the length: on simgpu a
+ * reading on. A reading that counted for clearly less than itself (over a quarter and
+ * over TGS_RECHECK_NS more than it counted for) asks for that second one at once
+ * (`recheck`: the kernel is timed again whenever the timer is free), so that real growth
+ * is followed from the kernel's next launch rather than its next sampled one, tens of
+ * milliseconds later. Jitter asks for nothing: short kernels read a third either way from
+ * one timing to the next (200-450 ns for an empty kernel on simgpu), and when every
+ * reading above the last asked to be confirmed, a third of them did, which added about 70
+ * instructions to each bounded opportunistic launch. (Each reading that waited used to move the length: on simgpu a
  * 1 ms kernel timed across production's 2 ms slice read 3 ms and made it 1.5 ms;
  * anticipation then fitted three kernels into production's 5 ms gaps instead of four or
  * five, and the job had about 0.8 of the idle time for a second, until a dozen more
  * readings had brought the length back within 1 %.) The length is never 0 (not timed). */
+/* A microsecond: twice the resolution of the driver's event timings (about half a
+ * microsecond, cuEventElapsedTime), and far below the gaps anticipation fits kernels into. */
+#define TGS_RECHECK_NS 1000ull
+
 struct tgs_kernel_reading {
     uint64_t len;
     int recheck;
@@ -37,7 +45,7 @@ static inline struct tgs_kernel_reading tgs_kernel_length_next(uint64_t len, uin
     if (reach > 4 * len)
         reach = 4 * len;
     r.len = len - len / 4 + (t < reach ? t : reach) / 4;
-    r.recheck = t > reach;
+    r.recheck = t > reach + reach / 4 && t - reach > TGS_RECHECK_NS;
     return r;
 }
 

@@ -6,29 +6,22 @@
 
 #include <stdint.h>
 
+/* A microsecond: twice the resolution of the driver's event timings (about half a
+ * microsecond, cuEventElapsedTime), and far below the gaps anticipation fits kernels into. */
+#define TGS_RECHECK_NS 1000ull
+
 /* What a reading of t ns makes of a kernel's length `len` after `readings` readings, the
  * last of them `last`. The first reading is the length; the shorter of the first two then
  * (one that waited behind other work does not last); after that the length moves a
  * quarter of the way to each new reading. A reading longer than the length counts only as
  * far as the reading before it was long too, and as at most four times the length: one
- * reading that waited (a kernel preempted by another context's time slice, say) moves
+ * reading that waited (a kernel timed across another context's time slice) moves
  * nothing, and a kernel that has really grown longer is followed from its second long
- * reading on. A reading that counted for clearly less than itself (over a quarter and
- * over TGS_RECHECK_NS more than it counted for) asks for that second one at once
- * (`recheck`: the kernel is timed again whenever the timer is free), so that real growth
- * is followed from the kernel's next launch rather than its next sampled one, tens of
- * milliseconds later. Jitter asks for nothing: short kernels read a third either way from
- * one timing to the next (200-450 ns for an empty kernel on simgpu), and when every
- * reading above the last asked to be confirmed, a third of them did, which added about 70
- * instructions to each bounded opportunistic launch. (Each reading that waited used to move the length: on simgpu a
- * 1 ms kernel timed across production's 2 ms slice read 3 ms and made it 1.5 ms;
- * anticipation then fitted three kernels into production's 5 ms gaps instead of four or
- * five, and the job had about 0.8 of the idle time for a second, until a dozen more
- * readings had brought the length back within 1 %.) The length is never 0 (not timed). */
-/* A microsecond: twice the resolution of the driver's event timings (about half a
- * microsecond, cuEventElapsedTime), and far below the gaps anticipation fits kernels into. */
-#define TGS_RECHECK_NS 1000ull
-
+ * reading on. A reading clearly longer than it counted for (by over a quarter and over
+ * TGS_RECHECK_NS) asks for that second one at once (`recheck`: the kernel is timed again
+ * whenever the timer is free) rather than at its next sampled timing, tens of
+ * milliseconds later; jitter asks for nothing (short kernels read a third either way from
+ * one timing to the next). Why, with figures: docs/shim.md. The length is never 0. */
 struct tgs_kernel_reading {
     uint64_t len;
     int recheck;

@@ -45,10 +45,11 @@ class Backoff:
     since: float | None = field(init=False)  # waiting since (None: not waiting)
 
     def __post_init__(self) -> None:
-        self.reset()
-
-    def reset(self) -> None:
         self.wait_s, self.since = self.base_s, None
+
+    @property
+    def waiting(self) -> bool:
+        return self.since is not None
 
     def wait(self, t: float, failed: bool) -> None:
         """Start waiting at t; a failed trial doubles the wait first."""
@@ -56,8 +57,13 @@ class Backoff:
             self.wait_s = min(2 * self.wait_s, RETRY_MAX_S)
         self.since = t
 
+    def stop(self) -> None:
+        """The trial waited for starts: no longer waiting (the wait's length stays, for
+        the next failure to double)."""
+        self.since = None
+
     def succeeded(self) -> None:
-        self.wait_s = self.base_s
+        self.wait_s, self.since = self.base_s, None
 
     def over(self, t: float) -> bool:
         return self.since is None or t - self.since >= self.wait_s
@@ -69,8 +75,7 @@ class InflightBound:
     deepest: int     # [control] inflight_deepest: the deepest a trial goes
     kernels: int = field(init=False)  # the bound now
     held: int = field(init=False)     # the deepest bound production has held through a trial (of this load)
-    lowered: bool = field(init=False)              # harm lowered the bound to one; `retry` says when it is tried again
-    retry: Backoff = field(init=False)
+    retry: Backoff = field(init=False)             # waiting: harm lowered the bound to one, tried again when over
     deepen: Backoff = field(init=False)            # when a deeper trial may start after one failed
     trying_since: float | None = field(init=False)  # the bound is on trial since
     calm_since: float | None = field(init=False)   # production has held since (no harm, no change of bound)
@@ -81,7 +86,6 @@ class InflightBound:
     def restore(self) -> None:
         """A new load starts from the configured bound, with no trials behind it."""
         self.kernels = self.held = self.configured
-        self.lowered = False
         self.trying_since = self.calm_since = None
         self.retry, self.deepen = Backoff(RETRY_S), Backoff(DEEPEN_S)
 
@@ -105,7 +109,6 @@ class InflightBound:
             return False
         self.retry.wait(t, failed=self.trying_since is not None)
         self.held = self.configured
-        self.lowered = True
         self._set(t, 1)
         return True
 
@@ -121,12 +124,11 @@ class InflightBound:
                 self.deepen.succeeded()
             self.held, self.calm_since = self.kernels, self.trying_since  # the trial was calm
             self.trying_since = None
-            self.lowered = False
             self.retry.succeeded()
-        if self.lowered:
+        if self.retry.waiting:
             if self.kernels != 1 or not self.retry.over(t):
                 return False
-            self.lowered = False
+            self.retry.stop()
             self._set(t, self.held, trial=True)
             return True
         if self.calm_since is None:

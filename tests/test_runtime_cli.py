@@ -190,3 +190,61 @@ def test_the_hook_reads_a_literal_state_dir(libshim, tmp_path):
     out = subprocess.run([str(libshim.root / "tgs-hook"), "--tgs-config", str(config), "createRuntime"],
                          input='{"id": "x", "pid": 1}', capture_output=True, text=True, timeout=30)
     assert out.returncode == 1 and f"tgsd is not running (no {tmp_path}/state/tgsd.sock)" in out.stderr
+
+
+def _fake_runtime(directory: Path, name: str, record: Path) -> Path:
+    directory.mkdir(parents=True, exist_ok=True)
+    path = directory / name
+    path.write_text(f"#!/bin/sh\necho {name} \"$@\" > {record}\n")
+    path.chmod(0o755)
+    return path
+
+
+LOWER_LISTS = {
+    "one line": 'lower_runtime = ["{missing}", "{fake}"]\n',
+    "several lines": 'lower_runtime = [\n  "{missing}",  # not installed here\n  # a comment line\n  \'{fake}\',\n]\n',
+}
+
+
+@pytest.mark.parametrize("program", ["tgs-runtime", "tgs-runtime-create"])
+@pytest.mark.parametrize("shape", LOWER_LISTS)
+def test_the_first_lower_runtime_that_exists_runs_the_container(libshim, tmp_path, program, shape):
+    """The launcher and its Python part read [runtime] lower_runtime alike, in either TOML shape."""
+    record = tmp_path / "ran"
+    fake = _fake_runtime(tmp_path / "bin", "fake-runc", record)
+    config = tmp_path / "tgs.toml"
+    config.write_text("[runtime]\n" + LOWER_LISTS[shape].format(missing=tmp_path / "none" / "nvidia-runtime", fake=fake)
+                      + f"[daemon]\nstate_dir = \"{tmp_path}/state\"\n")
+    p = subprocess.run([str(libshim.root / program), "--tgs-config", str(config), "state", CONTAINER_ID],
+                       capture_output=True, text=True, timeout=60)
+    assert p.returncode == 0, p.stderr
+    assert record.read_text().split() == ["fake-runc", "state", CONTAINER_ID]
+
+
+@pytest.mark.parametrize("program", ["tgs-runtime", "tgs-runtime-create"])
+def test_by_default_the_nvidia_runtime_runs_containers_where_it_is_installed(libshim, tmp_path, program):
+    """With no lower_runtime in the config: nvidia-container-runtime when it is on PATH (so
+    NVIDIA_VISIBLE_DEVICES gives a TGS container its GPUs, as --runtime=nvidia does), else runc."""
+    record = tmp_path / "ran"
+    config = tmp_path / "tgs.toml"
+    config.write_text(f"[daemon]\nstate_dir = \"{tmp_path}/state\"\n")
+    _fake_runtime(tmp_path / "runc-only", "runc", record)
+    _fake_runtime(tmp_path / "toolkit", "nvidia-container-runtime", record)
+    for path, ran in ((f"{tmp_path}/runc-only", "runc"), (f"{tmp_path}/runc-only:{tmp_path}/toolkit",
+                                                          "nvidia-container-runtime")):
+        p = subprocess.run([str(libshim.root / program), "--tgs-config", str(config), "state", CONTAINER_ID],
+                           capture_output=True, text=True, timeout=60, env={"PATH": path})
+        assert p.returncode == 0, p.stderr
+        assert record.read_text().split()[0] == ran
+
+
+@pytest.mark.parametrize("program", ["tgs-runtime", "tgs-runtime-create"])
+def test_with_no_lower_runtime_installed_the_error_names_each_tried(libshim, tmp_path, program):
+    config = tmp_path / "tgs.toml"
+    config.write_text(f"[runtime]\nlower_runtime = [\"{tmp_path}/a/runc\", \"no-such-runtime\"]\n")
+    log = tmp_path / "runtime.log"
+    p = subprocess.run([str(libshim.root / program), "--tgs-config", str(config), "--log", str(log), "state",
+                        CONTAINER_ID], capture_output=True, text=True, timeout=60)
+    assert p.returncode != 0
+    message = f"no lower runtime found (tried {tmp_path}/a/runc, no-such-runtime"
+    assert message in p.stderr and message in log.read_text()

@@ -112,7 +112,9 @@ class MemoryConfig:
 
 @dataclass(frozen=True)
 class RuntimeConfig:
-    lower_runtime: tuple[str, ...] = ("runc",)
+    # the first that exists: the NVIDIA runtime (GPUs from NVIDIA_VISIBLE_DEVICES, as with
+    # --runtime=nvidia) where the NVIDIA Container Toolkit is installed, else runc
+    lower_runtime: tuple[str, ...] = ("nvidia-container-runtime", "runc")
     shim_path: Path = Path("/usr/lib/tgs/libtgs.so")
     hook_path: Path = Path("/usr/bin/tgs-hook")
     default_class: str = ""

@@ -62,7 +62,7 @@ int main(int argc, char **argv) {
     if (!toml && (named || errno != ENOENT))
         fail("bad TGS config: %s: %s", config, errno == ENOENT ? "no such config file" : strerror(errno));
     if (toml)
-        rt_config_key(toml, "daemon", "state_dir", state_dir, sizeof state_dir);
+        rt_config_key(toml, "daemon", "state_dir", 0, state_dir, sizeof state_dir);
 
     char request[1024], msg[2048];
     if (g_strict) {

@@ -40,8 +40,7 @@ static int find_in_path(const char *name, char *out, size_t cap) {
     snprintf(buf, sizeof buf, "%s", path && *path ? path : DEFAULT_PATH);
     char *save = NULL;
     for (char *dir = strtok_r(buf, ":", &save); dir; dir = strtok_r(NULL, ":", &save)) {
-        snprintf(out, cap, "%s/%s", dir, name);
-        if (access(out, X_OK) == 0)
+        if ((size_t)snprintf(out, cap, "%s/%s", dir, name) < cap && access(out, X_OK) == 0)
             return 1;
     }
     return 0;
@@ -121,6 +120,35 @@ static int tgsd_create(const char *state_dir, const char *id, const char *bundle
     }
 }
 
+/* The lower runtime: the first of [runtime] lower_runtime that exists (by default the
+ * NVIDIA runtime where the NVIDIA Container Toolkit is installed, else runc), as
+ * tgs_runtime/runtime/main.py picks it. Reports and returns 0 when there is none. */
+static const char *const DEFAULT_LOWER[] = {"nvidia-container-runtime", "runc", NULL};
+
+/* Name number i of those to try: the config's list when it has one, else DEFAULT_LOWER. */
+static int lower_candidate(const char *toml, int configured, int i, char *name, size_t cap) {
+    if (configured)
+        return rt_config_key(toml, "runtime", "lower_runtime", i, name, cap);
+    return DEFAULT_LOWER[i] && (size_t)snprintf(name, cap, "%s", DEFAULT_LOWER[i]) < cap;
+}
+
+static int find_lower(const char *toml, char *out, size_t cap, const char *config) {
+    char name[PATH_MAX], tried[1024] = "";
+    int configured = toml && rt_config_key(toml, "runtime", "lower_runtime", 0, name, sizeof name);
+    for (int i = 0; lower_candidate(toml, configured, i, name, sizeof name); i++) {
+        if (find_in_path(name, out, cap))
+            return 1;
+        size_t n = strlen(tried);
+        if (n + 1 < sizeof tried && (size_t)snprintf(tried + n, sizeof tried - n, "%s%s", n ? ", " : "", name) >=
+                                        sizeof tried - n)
+            tried[n] = 0; /* the message names those that fit whole */
+    }
+    char msg[sizeof tried + PATH_MAX + 128];
+    snprintf(msg, sizeof msg, "no lower runtime found (tried %s; config %s, [runtime] lower_runtime)", tried, config);
+    report(msg);
+    return 0;
+}
+
 static int takes_value(const char *opt) {
     static const char *with_value[] = {"--root", "--log", "--log-format", "--criu", "--rootless", "--tgs-config", NULL};
     for (int i = 0; with_value[i]; i++)
@@ -171,11 +199,10 @@ int main(int argc, char **argv) {
     int named;
     tgs_config = rt_config_path(tgs_config, &named);
     char *toml = rt_read_file(tgs_config, 1 << 20, NULL);
-    char lower_name[PATH_MAX] = "runc", default_class[32] = "", lower[PATH_MAX], state_dir[PATH_MAX] = RT_DEFAULT_STATE_DIR;
+    char default_class[32] = "", lower[PATH_MAX], state_dir[PATH_MAX] = RT_DEFAULT_STATE_DIR;
     if (toml) {
-        rt_config_key(toml, "runtime", "lower_runtime", lower_name, sizeof lower_name);
-        rt_config_key(toml, "runtime", "default_class", default_class, sizeof default_class);
-        rt_config_key(toml, "daemon", "state_dir", state_dir, sizeof state_dir);
+        rt_config_key(toml, "runtime", "default_class", 0, default_class, sizeof default_class);
+        rt_config_key(toml, "daemon", "state_dir", 0, state_dir, sizeof state_dir);
     }
     if (sub > 0 && (!strcmp(argv[sub], "create") || !strcmp(argv[sub], "run"))) {
         char spec_path[PATH_MAX];
@@ -205,13 +232,8 @@ int main(int argc, char **argv) {
         }
     }
 lower_runtime:
-    if (!find_in_path(lower_name, lower, sizeof lower)) {
-        char msg[PATH_MAX + 256];
-        snprintf(msg, sizeof msg, "the lower runtime %s was not found (config %s, [runtime] lower_runtime)", lower_name,
-                 tgs_config);
-        report(msg);
+    if (!find_lower(toml, lower, sizeof lower, tgs_config))
         return 127;
-    }
     out[0] = lower;
     execv(lower, out);
     char msg[PATH_MAX + 128];

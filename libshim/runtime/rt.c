@@ -48,7 +48,7 @@ const char *rt_config_path(const char *given, int *named) {
     return *named ? given : RT_DEFAULT_CONFIG;
 }
 
-int rt_config_key(const char *toml, const char *section, const char *key, char *out, size_t cap) {
+int rt_config_key(const char *toml, const char *section, const char *key, int index, char *out, size_t cap) {
     int inside = 0;
     size_t klen = strlen(key), slen = strlen(section);
     for (const char *line = toml; line && *line; line = strchr(line, '\n') ? strchr(line, '\n') + 1 : NULL) {
@@ -60,19 +60,31 @@ int rt_config_key(const char *toml, const char *section, const char *key, char *
         }
         if (!inside || strncmp(line, key, klen) || (line[klen] != ' ' && line[klen] != '=' && line[klen] != '\t'))
             continue;
-        const char *q = strchr(line, '=');
-        const char *eol = strchr(line, '\n');
-        if (!q || (eol && q > eol))
+        const char *p = line + klen + strspn(line + klen, " \t");
+        if (*p != '=')
             return 0;
-        const char *s = q + strcspn(q, "\"'");  /* a basic or a literal string (no escapes in ours) */
-        if (!*s || (eol && s > eol))
-            return 0;
-        const char *e = strchr(s + 1, *s);
-        if (!e || (eol && e > eol) || (size_t)(e - s - 1) >= cap)
-            return 0;
-        memcpy(out, s + 1, (size_t)(e - s - 1));
-        out[e - s - 1] = 0;
-        return 1;
+        p += 1 + strspn(p + 1, " \t");
+        int list = *p == '[';
+        p += list;
+        for (int i = 0;; i++) {
+            while (list && *p && strchr(" \t\r\n,#", *p)) /* to the next string, past commas, line ends, comments */
+                p = *p == '#' ? p + strcspn(p, "\n") : p + 1;
+            if (*p != '"' && *p != '\'') /* a basic or a literal string (no escapes in ours) */
+                return 0;
+            const char *e = strchr(p + 1, *p);
+            if (!e || memchr(p, '\n', (size_t)(e - p)))
+                return 0;
+            if (i == index) {
+                if ((size_t)(e - p - 1) >= cap)
+                    return 0;
+                memcpy(out, p + 1, (size_t)(e - p - 1));
+                out[e - p - 1] = 0;
+                return 1;
+            }
+            if (!list)
+                return 0;
+            p = e + 1;
+        }
     }
     return 0;
 }

@@ -16,8 +16,9 @@ char *rt_read_file(const char *path, size_t max, size_t *len);
  * tgs_runtime.config.load decides. */
 const char *rt_config_path(const char *given, int *named);
 
-/* The first string of `key` in [section] (a string or a list of strings), into out; 1 if found. */
-int rt_config_key(const char *toml, const char *section, const char *key, char *out, size_t cap);
+/* String number `index` (from 0) of `key` in [section], whose value is a string (index 0) or a
+ * list of strings, on one line or several; into out, 1 if there is one. */
+int rt_config_key(const char *toml, const char *section, const char *key, int index, char *out, size_t cap);
 
 /* `in` as the inside of a JSON string; 0 when it does not fit. */
 int rt_json_escape(const char *in, char *out, size_t cap);

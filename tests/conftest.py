@@ -80,12 +80,28 @@ def tgsd(simgpu, tmp_path):
         d.close()
 
 
+NVIDIA_HOOK_RECORDS = "nvidia-hook-records"
+
+
+def fake_nvidia_hook(work: Path) -> Path:
+    """A stand-in for the NVIDIA Container Toolkit's nvidia-container-runtime-hook, on
+    dockerd's PATH so that `docker run --gpus` works (dockerd adds the hook to the spec as a
+    prestart hook, and sets NVIDIA_VISIBLE_DEVICES). It keeps the OCI state it is given."""
+    bin_dir, records = work / "toolkit-bin", work / NVIDIA_HOOK_RECORDS
+    bin_dir.mkdir()
+    records.mkdir()
+    hook = bin_dir / "nvidia-container-runtime-hook"
+    hook.write_text(f'#!/bin/sh\n[ "$1" = prestart ] || exit 1\ncat > {records}/state.$$\n')
+    hook.chmod(0o755)
+    return bin_dir
+
+
 @pytest.fixture(scope="session")
 def docker_host(tmp_path_factory, libshim, c_programs):
     """A private dockerd with the tgs runtime, and the test images (started once)."""
     work = tmp_path_factory.mktemp("docker")
     need_busybox()
-    d = PrivateDocker(work, libshim.root / "tgs-runtime", work / "tgs.toml")
+    d = PrivateDocker(work, libshim.root / "tgs-runtime", work / "tgs.toml", path_first=fake_nvidia_hook(work))
     d.start()
     try:
         files = {"/usr/bin/tgs-workload": libshim.workload, "/usr/bin/maps": c_programs("maps.c"),

@@ -1,6 +1,7 @@
 """docker run --runtime=tgs end to end: a private dockerd, tgsd and simgpu, no GPU."""
 from __future__ import annotations
 
+import json
 import time
 
 import pytest
@@ -74,6 +75,24 @@ def test_a_default_class_makes_gpu_containers_tgs_containers(docker):
     assert out.stdout.splitlines()[0] == "opportunistic" and "/usr/lib/tgs/libtgs.so" in out.stdout
     plain = d.docker(*run_args(IMAGE), "sh", "-c", "echo class=$TGS_CLASS")
     assert plain.stdout.strip() == "class=", "no GPU, no TGS"
+
+
+@pytest.mark.parametrize("gpus,visible", [("all", "all"), ('"device=0"', "0")])
+def test_docker_gpus_flag_gives_a_tgs_container_its_gpu(docker, gpus, visible):
+    """`docker run --gpus` under runc (no NVIDIA runtime): dockerd sets NVIDIA_VISIBLE_DEVICES
+    and adds the NVIDIA Container Toolkit's prestart hook (a stand-in here); TGS takes the
+    GPU from the former and keeps the latter."""
+    d, t = docker()
+    records = d.workdir / "nvidia-hook-records"
+    before = set(records.iterdir())
+    out = d.docker(*run_args("--gpus", gpus, "-e", "TGS_CLASS=opportunistic", IMAGE), "sh", "-c",
+                   "cat /etc/hostname; echo $NVIDIA_VISIBLE_DEVICES; echo $TGS_CLASS; maps")
+    host, seen, cls = out.stdout.split()[:3]
+    assert (seen, cls) == (visible, "opportunistic") and "/usr/lib/tgs/libtgs.so" in out.stdout
+    reserved = [e for e in t.events() if e.get("event") == "container reserved" and e["container"].startswith(host)]
+    assert len(reserved) == 1 and reserved[0]["cls"] == "opportunistic"
+    ran = [json.loads(f.read_text()) for f in set(records.iterdir()) - before]
+    assert [s["id"] for s in ran] == [reserved[0]["container"]], "the NVIDIA hook ran, once"
 
 
 def test_docker_kill_deregisters(docker):

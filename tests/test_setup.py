@@ -93,9 +93,37 @@ def test_doctor_passes_on_a_working_host_and_says_what_to_fix(docker, libshim, t
     ok = tgs("doctor", "--config", str(t.config), "--daemon-json", str(djson), env=env)
     assert ok.returncode == 0, ok.stdout + ok.stderr
     assert "tgsd answers" in ok.stdout and "dockerd has loaded the tgs runtime" in ok.stdout
-    assert "simgpu (simulated)" in ok.stdout
+    assert "simgpu (simulated)" in ok.stdout and "ok    lower runtime " in ok.stdout
     t.stop()
     bad = tgs("doctor", "--config", str(t.config), "--daemon-json", str(tmp_path / "none.json"), env=env)
     assert bad.returncode == 1
     assert "FAIL  tgsd is not running" in bad.stdout and "fix: systemctl enable --now tgsd" in bad.stdout
     assert "has no tgs runtime" in bad.stdout and "fix: tgs setup docker" in bad.stdout
+
+
+def test_doctor_fails_when_no_lower_runtime_is_installed(libshim, tmp_path):
+    config = tmp_path / "tgs.toml"
+    config.write_text(f"[runtime]\nlower_runtime = [\"{tmp_path}/none/runc\"]\n"
+                      f"[daemon]\nstate_dir = \"{tmp_path}/state\"\n")
+    out = tgs("doctor", "--config", str(config), "--daemon-json", str(tmp_path / "none.json"))
+    assert out.returncode == 1
+    assert f"FAIL  no lower runtime found (tried {tmp_path}/none/runc" in out.stdout
+    assert "every container of the tgs runtime would fail" in out.stdout and "fix: install runc" in out.stdout
+
+
+@pytest.mark.parametrize("lower,installed,fine,words", [
+    ("/usr/bin/nvidia-container-runtime", [], True, "get the GPUs NVIDIA_VISIBLE_DEVICES names"),
+    ("/usr/bin/runc", ["nvidia-container-runtime-hook"], True, "they get GPUs with `docker run --gpus`"),
+    ("/usr/bin/runc", [], False, "TGS containers would not see the GPU"),
+])
+def test_doctor_says_how_tgs_containers_get_their_gpus(tmp_path, monkeypatch, lower, installed, fine, words):
+    """On a real GPU host (the check is not made on simgpu, where TGS mounts the GPU itself)."""
+    from tgs_runtime.commands.doctor import gpu_access
+
+    for name in installed:
+        (tmp_path / name).write_text("#!/bin/sh\n")
+        (tmp_path / name).chmod(0o755)
+    monkeypatch.setenv("PATH", str(tmp_path))
+    ok, what, fix = gpu_access(lower)
+    assert ok == fine and words in what
+    assert ("NVIDIA Container Toolkit" in fix) == (not fine)

@@ -82,6 +82,7 @@ class PrivateDocker:
     workdir: Path
     runtime: Path           # tgs-runtime (the launcher)
     tgs_config: Path        # what daemon.json's runtimeArgs name
+    path_first: Path | None = None  # searched before PATH by dockerd (and what it runs): tools it looks for
 
     def __post_init__(self):
         self.sock = self.workdir / "docker.sock"
@@ -105,7 +106,7 @@ class PrivateDocker:
              "-H", self.host, "--pidfile", str(self.workdir / "docker.pid"), "--iptables=false",
              "--ip6tables=false", "--bridge=none", "--ip-masq=false", "--userland-proxy=false",
              "--config-file", str(daemon_json)],
-            stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True)
+            stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True, env=self._daemon_env())
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
@@ -114,6 +115,12 @@ class PrivateDocker:
                 return self
             time.sleep(0.2)
         raise DockerUnavailable(f"dockerd did not start in {timeout}s")
+
+    def _daemon_env(self) -> dict[str, str]:
+        env = dict(os.environ)
+        if self.path_first:
+            env["PATH"] = f"{self.path_first}:{env.get('PATH', '/usr/sbin:/usr/bin:/sbin:/bin')}"
+        return env
 
     def docker(self, *args: str, check: bool = True, timeout: float = 120, input: str | None = None):
         proc = subprocess.run(["docker", *args], env=self.env(), capture_output=True, text=True, timeout=timeout,

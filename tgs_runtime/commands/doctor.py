@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -29,7 +30,8 @@ class Report:
 @click.option("--daemon-json", type=click.Path(dir_okay=False, path_type=Path), default=install.DAEMON_JSON,
               show_default=True)
 def doctor_cmd(config_path: Path | None, daemon_json: Path) -> None:
-    """Check the config, libtgs.so, tgs-runtime and tgs-hook, tgsd, docker and the GPUs."""
+    """Check the config, libtgs.so, tgs-hook, the lower runtime, tgsd, docker, the GPUs and how
+    TGS containers get them."""
     r = Report()
     click.echo("TGS installation check")
     try:
@@ -53,6 +55,17 @@ def doctor_cmd(config_path: Path | None, daemon_json: Path) -> None:
         r.ok(f"tgs-hook at {hook}")
     else:
         r.fail(f"tgs-hook is not executable at {hook}", "tgs setup docker (or set [runtime] hook_path)")
+    from tgs_runtime.runtime.create import Failure
+    from tgs_runtime.runtime.main import lower_runtime
+
+    lower = None
+    try:
+        lower = lower_runtime(cfg.runtime.lower_runtime)
+        r.ok(f"lower runtime {lower} (the first installed of [runtime] lower_runtime: "
+             f"{', '.join(cfg.runtime.lower_runtime)})")
+    except Failure as e:
+        r.fail(f"{e}: every container of the tgs runtime would fail", "install runc (apt-get install runc), or "
+               "name an installed runtime in [runtime] lower_runtime")
     from tgs_runtime.admin import AdminClient, DaemonUnavailable, Refused
 
     try:
@@ -102,11 +115,36 @@ def doctor_cmd(config_path: Path | None, daemon_json: Path) -> None:
         if probe.returncode == 0:
             count, driver = json.loads(probe.stdout)
             r.ok(f"GPU backend: NVML, driver {driver}, {count} GPU(s)")
+            if lower:
+                fine, what, fix = gpu_access(lower)
+                if fine:
+                    r.ok(what)
+                else:
+                    r.fail(what, fix)
         else:
             r.fail("NVML does not answer: no NVIDIA driver here", "install the NVIDIA driver, or enable [sim] "
                    "to try TGS on simgpu")
     click.echo("all checks passed" if not r.failed else f"{r.failed} check(s) failed")
     sys.exit(1 if r.failed else 0)
+
+
+NVIDIA_RUNTIME = "nvidia-container-runtime"
+NVIDIA_HOOK = "nvidia-container-runtime-hook"
+
+
+def gpu_access(lower: str) -> tuple[bool, str, str]:
+    """How a TGS container gets its GPUs on a real host: (fine, what, the fix). The NVIDIA
+    runtime as the lower runtime gives it the GPUs its NVIDIA_VISIBLE_DEVICES names; under
+    runc, only `docker run --gpus` does (dockerd adds the NVIDIA hook, found on PATH)."""
+    if Path(lower).name.startswith(NVIDIA_RUNTIME):
+        return True, f"TGS containers get the GPUs NVIDIA_VISIBLE_DEVICES names from {lower}", ""
+    hook = shutil.which(NVIDIA_HOOK)
+    if hook:
+        return True, (f"TGS containers run on {lower}: they get GPUs with `docker run --gpus` (through {hook}), "
+                      "not from NVIDIA_VISIBLE_DEVICES alone"), ""
+    return False, (f"TGS containers would not see the GPU: their lower runtime is {lower}, and neither "
+                   f"{NVIDIA_RUNTIME} nor {NVIDIA_HOOK} (for docker run --gpus) is installed"), \
+        "install the NVIDIA Container Toolkit (nvidia-container-toolkit)"
 
 
 def register(group: click.Group) -> None:

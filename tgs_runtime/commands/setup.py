@@ -65,6 +65,7 @@ def setup_docker(daemon_json: Path, config: Path, prefix: Path, dry_run: bool, u
     if not undo:
         click.echo("\nnext: systemctl daemon-reload && systemctl enable --now tgsd\n"
                    "      systemctl reload docker    (dockerd re-reads runtimes on SIGHUP)\n"
+                   "      tgs doctor                 (checks it all, and how TGS containers get their GPUs)\n"
                    "      docker run --runtime=tgs -e TGS_CLASS=opportunistic -e NVIDIA_VISIBLE_DEVICES=0 IMAGE ...")
 
 

@@ -201,6 +201,7 @@ def _fake_runtime(directory: Path, name: str, record: Path) -> Path:
 
 
 LOWER_LISTS = {
+    "a string": 'lower_runtime = "{fake}"  # {missing} is not tried\n',
     "one line": 'lower_runtime = ["{missing}", "{fake}"]\n',
     "several lines": 'lower_runtime = [\n  "{missing}",  # not installed here\n  # a comment line\n  \'{fake}\',\n]\n',
 }

@@ -62,3 +62,31 @@ def test_demo_says_why_it_cannot_use_docker(libshim, tmp_path):
                          cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=60)
     assert out.returncode == 1
     assert f"cannot run the demo through docker: no docker daemon answers at unix://{tmp_path}/nothing.sock" in out.stderr
+
+
+def test_where_a_gpu_needs_docker_s_gpus_flag_the_demo_s_containers_ask_for_it(docker):
+    """On a real GPU under runc, the demo's containers ask docker for GPU 0 (`--gpus`), which
+    has dockerd add the NVIDIA hook (a stand-in on the private dockerd's PATH) and set
+    NVIDIA_VISIBLE_DEVICES; the TGS container is then set up as with -e alone."""
+    import json
+
+    import docker as sdk
+
+    from tgs_runtime import config, demodocker
+    from tgs_runtime.workload import Workload
+
+    host, tgsd = docker()
+    records = host.workdir / "nvidia-hook-records"
+    before = set(records.iterdir())
+    d = demodocker.DockerTgs(sdk.DockerClient(base_url=host.host), config.load(host.tgs_config), "private",
+                             gpus_flag=True)
+    job = demodocker.ContainerJob.start(d, demodocker.image(d), "opportunistic", "gpus-flag",
+                                        Workload(kernel_us=100, kernels=2, seconds=0.5, report_s=0.25))
+    try:
+        assert job.finish() is None
+        cid = job.container.id
+    finally:
+        job.stop()
+    assert [json.loads(f.read_text())["id"] for f in set(records.iterdir()) - before] == [cid]
+    reserved = [e for e in tgsd.events() if e.get("event") == "container reserved"]
+    assert [(e["container"], e["cls"]) for e in reserved] == [(cid, "opportunistic")]

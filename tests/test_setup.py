@@ -111,19 +111,19 @@ def test_doctor_fails_when_no_lower_runtime_is_installed(libshim, tmp_path):
     assert "every container of the tgs runtime would fail" in out.stdout and "fix: install runc" in out.stdout
 
 
-@pytest.mark.parametrize("lower,installed,fine,words", [
-    ("/usr/bin/nvidia-container-runtime", [], True, "get the GPUs NVIDIA_VISIBLE_DEVICES names"),
-    ("/usr/bin/runc", ["nvidia-container-runtime-hook"], True, "they get GPUs with `docker run --gpus`"),
-    ("/usr/bin/runc", [], False, "TGS containers would not see the GPU"),
+@pytest.mark.parametrize("lower,installed,route,words", [
+    ("/usr/bin/nvidia-container-runtime", [], "NVIDIA_RUNTIME", "get the GPUs NVIDIA_VISIBLE_DEVICES names"),
+    ("/usr/bin/runc", ["nvidia-container-runtime-hook"], "GPUS_FLAG", "they get GPUs with `docker run --gpus`"),
+    ("/usr/bin/runc", [], "NONE", "TGS containers would not see the GPU"),
 ])
-def test_doctor_says_how_tgs_containers_get_their_gpus(tmp_path, monkeypatch, lower, installed, fine, words):
-    """On a real GPU host (the check is not made on simgpu, where TGS mounts the GPU itself)."""
-    from tgs_runtime.commands.doctor import gpu_access
+def test_how_tgs_containers_get_their_gpus_on_a_real_host(tmp_path, monkeypatch, lower, installed, route, words):
+    """What `tgs doctor` says (and fails on) and how `tgs demo` runs its containers, on a real
+    GPU host (not on simgpu, where TGS mounts the GPU itself)."""
+    from tgs_runtime.runtime.gpu_access import GpuAccess, Route
 
     for name in installed:
         (tmp_path / name).write_text("#!/bin/sh\n")
         (tmp_path / name).chmod(0o755)
     monkeypatch.setenv("PATH", str(tmp_path))
-    ok, what, fix = gpu_access(lower)
-    assert ok == fine and words in what
-    assert ("NVIDIA Container Toolkit" in fix) == (not fine)
+    access = GpuAccess.of(lower)
+    assert access.route == Route[route] and words in access.describe()

@@ -2,8 +2,9 @@
 its class, set up by the tgs runtime and the tgsd it talks to, as an operator's would be.
 
 Used when a docker daemon answers and has the tgs runtime, that runtime's tgsd answers,
-and there is a GPU for it: a real one, or simgpu when the runtime's config enables
-[sim]. `find` says which, or in one line why not. The image holds tgs-workload and the
+and there is a GPU for it: a real one its containers can reach (through the NVIDIA runtime,
+or docker's --gpus, which the containers then ask for: runtime/gpu_access.py), or simgpu
+when the runtime's config enables [sim]. `find` says which, or in one line why not. The image holds tgs-workload and the
 libraries it needs, made from this machine's files (no registry is needed)."""
 from __future__ import annotations
 
@@ -20,6 +21,9 @@ from tgs_runtime.admin import AdminClient, DaemonUnavailable, Refused
 from tgs_runtime.config import Config
 from tgs_runtime.paths import artifacts
 from tgs_runtime.privatedocker import rootfs_tar
+from tgs_runtime.runtime.create import Failure
+from tgs_runtime.runtime.gpu_access import GpuAccess, Route
+from tgs_runtime.runtime.main import lower_runtime
 from tgs_runtime.workload import Workload
 
 WORKLOAD_IN_IMAGE = "/usr/bin/tgs-workload"
@@ -30,6 +34,7 @@ class DockerTgs:
     client: Any      # docker.DockerClient
     cfg: Config      # the tgs runtime's config (its tgsd, its [sim])
     where: str       # the daemon, in words
+    gpus_flag: bool = False  # a real GPU reaches containers only through docker's --gpus (gpu_access.py)
 
     @property
     def simulated(self) -> bool:
@@ -70,7 +75,17 @@ def find(real_gpu: bool) -> tuple[DockerTgs | None, str]:
         return None, f"the tgsd behind the tgs runtime does not answer: {e}"
     if not cfg.sim.enabled and not real_gpu:
         return None, f"there is no GPU here and the tgs runtime's config ({cfg.path}) does not enable [sim]"
-    return DockerTgs(client, cfg, f"dockerd {info.get('ServerVersion', '?')} ({info.get('Name', '?')})"), ""
+    gpus_flag = False
+    if not cfg.sim.enabled:
+        try:
+            access = GpuAccess.of(lower_runtime(cfg.runtime.lower_runtime))
+        except Failure as e:
+            return None, f"the tgs runtime cannot run containers: {e}"
+        if access.route == Route.NONE:
+            return None, access.describe()
+        gpus_flag = access.route == Route.GPUS_FLAG
+    return DockerTgs(client, cfg, f"dockerd {info.get('ServerVersion', '?')} ({info.get('Name', '?')})",
+                     gpus_flag), ""
 
 
 def image(d: DockerTgs) -> str:
@@ -104,9 +119,14 @@ class ContainerJob:
 
     @classmethod
     def start(cls, d: DockerTgs, tag: str, role: str, label: str, w: Workload) -> "ContainerJob":
+        import docker
+
         env = {"TGS_CLASS": role, "NVIDIA_VISIBLE_DEVICES": "0", "SIMGPU_LABEL": label, "TGS_LOG_LEVEL": "error"}
+        # --gpus '"device=0"' sets the same NVIDIA_VISIBLE_DEVICES, and has dockerd add the NVIDIA hook
+        gpus = [docker.types.DeviceRequest(device_ids=["0"], capabilities=[["gpu"]])] if d.gpus_flag else None
         c = d.client.containers.run(tag, [WORKLOAD_IN_IMAGE, *w.argv()[1:]], runtime="tgs", environment=env,
-                                    network_mode="none", detach=True, labels={"tgs.demo": role})
+                                    network_mode="none", detach=True, labels={"tgs.demo": role},
+                                    device_requests=gpus)
         return cls(c)
 
     def lines(self) -> Iterator[str]:

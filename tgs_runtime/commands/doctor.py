@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -11,6 +10,7 @@ from pathlib import Path
 import click
 
 from tgs_runtime import config as configmod, install
+from tgs_runtime.runtime import gpu_access
 
 
 class Report:
@@ -116,35 +116,16 @@ def doctor_cmd(config_path: Path | None, daemon_json: Path) -> None:
             count, driver = json.loads(probe.stdout)
             r.ok(f"GPU backend: NVML, driver {driver}, {count} GPU(s)")
             if lower:
-                fine, what, fix = gpu_access(lower)
-                if fine:
-                    r.ok(what)
+                access = gpu_access.GpuAccess.of(lower)
+                if access.route == gpu_access.Route.NONE:
+                    r.fail(access.describe(), gpu_access.FIX)
                 else:
-                    r.fail(what, fix)
+                    r.ok(access.describe())
         else:
             r.fail("NVML does not answer: no NVIDIA driver here", "install the NVIDIA driver, or enable [sim] "
                    "to try TGS on simgpu")
     click.echo("all checks passed" if not r.failed else f"{r.failed} check(s) failed")
     sys.exit(1 if r.failed else 0)
-
-
-NVIDIA_RUNTIME = "nvidia-container-runtime"
-NVIDIA_HOOK = "nvidia-container-runtime-hook"
-
-
-def gpu_access(lower: str) -> tuple[bool, str, str]:
-    """How a TGS container gets its GPUs on a real host: (fine, what, the fix). The NVIDIA
-    runtime as the lower runtime gives it the GPUs its NVIDIA_VISIBLE_DEVICES names; under
-    runc, only `docker run --gpus` does (dockerd adds the NVIDIA hook, found on PATH)."""
-    if Path(lower).name.startswith(NVIDIA_RUNTIME):
-        return True, f"TGS containers get the GPUs NVIDIA_VISIBLE_DEVICES names from {lower}", ""
-    hook = shutil.which(NVIDIA_HOOK)
-    if hook:
-        return True, (f"TGS containers run on {lower}: they get GPUs with `docker run --gpus` (through {hook}), "
-                      "not from NVIDIA_VISIBLE_DEVICES alone"), ""
-    return False, (f"TGS containers would not see the GPU: their lower runtime is {lower}, and neither "
-                   f"{NVIDIA_RUNTIME} nor {NVIDIA_HOOK} (for docker run --gpus) is installed"), \
-        "install the NVIDIA Container Toolkit (nvidia-container-toolkit)"
 
 
 def register(group: click.Group) -> None:

@@ -120,9 +120,8 @@ static int tgsd_create(const char *state_dir, const char *id, const char *bundle
     }
 }
 
-/* The lower runtime: the first of [runtime] lower_runtime that exists (by default the
- * NVIDIA runtime where the NVIDIA Container Toolkit is installed, else runc), as
- * tgs_runtime/runtime/main.py picks it. Reports and returns 0 when there is none. */
+/* [runtime] lower_runtime's default (tgs_runtime/config.py): the NVIDIA runtime where the
+ * NVIDIA Container Toolkit is installed, else runc. */
 static const char *const DEFAULT_LOWER[] = {"nvidia-container-runtime", "runc", NULL};
 
 /* Name number i of those to try: the config's list when it has one, else DEFAULT_LOWER. */
@@ -132,6 +131,8 @@ static int lower_candidate(const char *toml, int configured, int i, char *name, 
     return DEFAULT_LOWER[i] && (size_t)snprintf(name, cap, "%s", DEFAULT_LOWER[i]) < cap;
 }
 
+/* The lower runtime into out: the first of [runtime] lower_runtime that exists, as
+ * tgs_runtime/runtime/main.py picks it. Reports and returns 0 when there is none. */
 static int find_lower(const char *toml, char *out, size_t cap, const char *config) {
     char name[PATH_MAX], tried[1024] = "";
     int configured = toml && rt_config_key(toml, "runtime", "lower_runtime", 0, name, sizeof name);

@@ -120,6 +120,9 @@ def test_with_tgsd_down_tgs_containers_fail_and_others_start(rt):
 @pytest.mark.parametrize("env,message", [
     (("TGS_CLASS=bogus", "NVIDIA_VISIBLE_DEVICES=0"), "TGS_CLASS='bogus': expected production or opportunistic"),
     (("TGS_CLASS=production", "NVIDIA_VISIBLE_DEVICES=5"), "GPU 5: this host has 1 GPU(s)"),
+    (("TGS_CLASS=opportunistic", "NVIDIA_VISIBLE_DEVICES=MIG-4f8c2a6e-0b1d-5e7f-9a3c-2d4e6f8a0b1c"),
+     "is a MIG instance: TGS shares whole GPUs"),
+    (("TGS_CLASS=opportunistic", "NVIDIA_VISIBLE_DEVICES=0:1"), "GPU '0:1' is a MIG instance"),
 ])
 def test_refused_creates_leave_nothing_behind(rt, env, message):
     run, d, bundle = rt

@@ -75,6 +75,9 @@ class GpuInventory:
             if i < len(self.gpus):
                 return self.gpus[i]
             raise GpuError(f"GPU {spec}: this host has {len(self.gpus)} GPU(s) (indexes 0 to {len(self.gpus) - 1})")
+        if spec.startswith("MIG-") or (":" in spec and all(x.isdigit() for x in spec.split(":"))):
+            raise GpuError(f"GPU {spec!r} is a MIG instance: TGS shares whole GPUs (a MIG instance is "
+                           "isolated already); name a whole GPU, or run this container without a TGS class")
         matches = [g for g in self.gpus if g.uuid.startswith(spec)] if spec.startswith("GPU-") else []
         if len(matches) == 1:
             return matches[0]

@@ -89,6 +89,10 @@ def spec_with(env=(), annotations=None):
      Request("opportunistic", ["0"])),
     (("TGS_CLASS=production", "NVIDIA_VISIBLE_DEVICES=0"), {"io.kubernetes.cri.container-type": "sandbox"}, "", None),
     (("NVIDIA_VISIBLE_DEVICES=void",), None, "opportunistic", None),
+    # MIG instances are isolated already: the default class leaves them alone; asked for, they are refused at reserve
+    (("NVIDIA_VISIBLE_DEVICES=MIG-4f8c2a6e-0b1d-5e7f-9a3c-2d4e6f8a0b1c",), None, "opportunistic", None),
+    (("NVIDIA_VISIBLE_DEVICES=0:1,0:2",), None, "production", None),
+    (("TGS_CLASS=opportunistic", "NVIDIA_VISIBLE_DEVICES=0:1"), None, "", Request("opportunistic", ["0:1"])),
 ])
 def test_classify(env, annotations, default, want):
     assert classify(spec_with(env, annotations), default) == want

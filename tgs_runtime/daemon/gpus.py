@@ -11,6 +11,7 @@ from pathlib import Path
 import pynvml
 
 from tgs_runtime.config import SimConfig
+from tgs_runtime.runtime.spec import is_mig_instance
 
 
 class GpuError(RuntimeError):
@@ -75,7 +76,7 @@ class GpuInventory:
             if i < len(self.gpus):
                 return self.gpus[i]
             raise GpuError(f"GPU {spec}: this host has {len(self.gpus)} GPU(s) (indexes 0 to {len(self.gpus) - 1})")
-        if spec.startswith("MIG-") or (":" in spec and all(x.isdigit() for x in spec.split(":"))):
+        if is_mig_instance(spec):
             raise GpuError(f"GPU {spec!r} is a MIG instance: TGS shares whole GPUs (a MIG instance is "
                            "isolated already); name a whole GPU, or run this container without a TGS class")
         matches = [g for g in self.gpus if g.uuid.startswith(spec)] if spec.startswith("GPU-") else []

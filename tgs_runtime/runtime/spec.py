@@ -46,6 +46,12 @@ def env_value(spec: Spec, name: str) -> str | None:
     return value
 
 
+def is_mig_instance(gpu: str) -> bool:
+    """A MIG instance as NVIDIA_VISIBLE_DEVICES names one: its UUID, or GPU:instance."""
+    gpu = gpu.strip()
+    return gpu.startswith("MIG-") or (":" in gpu and all(x.isdigit() for x in gpu.split(":")))
+
+
 def is_sandbox(spec: Spec) -> bool:
     ann = spec.get("annotations") or {}
     return any(ann.get(k) == v for k, v in SANDBOX_ANNOTATIONS.items())
@@ -69,8 +75,8 @@ def classify(spec: Spec, default_class: str = "", production_policy: str = "any"
     gpus = [g.strip() for g in (gpus_text or "").split(",") if g.strip() and g.strip() not in ("void", "none")]
     cls = (annotation or env or "").strip().lower()
     source = "annotation tgs.class" if annotation else f"{CLASS_ENV}"
-    if not cls:
-        if not default_class or not gpus:
+    if not cls:  # MIG instances are isolated already: the default class leaves their containers alone
+        if not default_class or not gpus or all(is_mig_instance(g) for g in gpus):
             return None
         cls, source = default_class, "[runtime] default_class"
     if cls not in ("production", "opportunistic"):

@@ -53,6 +53,8 @@ def pair(lab: Lab, prod: Workload, opp: Workload, name: str, containers: tuple[d
             c = ctx.get(label, {})
             out[k]["pages_in"] = c.get("pages_in")
             out[k]["pages_out"] = c.get("pages_out")
+            # of its engine time, the part its kernels spent moving or reading memory over the bus
+            out[k]["bus_share"] = round(c["migrate_ns"] / c["busy_ns"], 3) if c.get("busy_ns") else None
     return out
 
 
@@ -82,11 +84,13 @@ def summarise(res: dict) -> tuple[list[list[str]], dict]:
         s = {"production_ratio": round(r["prod"]["rate"] / ex["prod"]["rate"], 3),
              "opportunistic_ratio": round(r["opp"]["rate"] / ex["opp"]["rate"], 3),
              "failed": [k for k in ("prod", "opp") if failed(r[k])],
-             "pages_moved": {k: (r[k].get("pages_in") or 0) + (r[k].get("pages_out") or 0) for k in ("prod", "opp")}}
+             "pages_moved": {k: (r[k].get("pages_in") or 0) + (r[k].get("pages_out") or 0) for k in ("prod", "opp")},
+             "opportunistic_bus_share": r["opp"].get("bus_share")}
         summary[name] = s
         failures = ", ".join(k + (" (hung)" if r[k]["rc"] is None else "") for k in s["failed"]) or "none"
+        bus = s["opportunistic_bus_share"]
         rows.append([name, f"{s['production_ratio']:.3f}", f"{s['opportunistic_ratio']:.3f}", failures,
-                     str(s["pages_moved"]["prod"]), str(s["pages_moved"]["opp"])])
+                     str(s["pages_moved"]["prod"]), str(s["pages_moved"]["opp"]), "-" if bus is None else f"{bus:.2f}"])
     co = res.get("co-execution")
     if co and "TGS" in res and co["opp"]["rate"] > 0:
         summary["TGS"]["opportunistic_vs_co_execution"] = round(res["TGS"]["opp"]["rate"] / co["opp"]["rate"], 1)
@@ -127,13 +131,15 @@ def run(echo: Echo = print, quick: bool = False, json_path: Path | None = None) 
     md = (f"### oversubscription: both jobs hold 60 % of {result['memory']} ({gpu}, {result['machine']['date']}, "
           f"commit {result['machine']['commit']})\n\n"
           + table(["setting", "production / exclusive", "opportunistic / exclusive", "failed",
-                   "production pages moved", "opportunistic pages moved"], rows)
+                   "production pages moved", "opportunistic pages moved", "opportunistic on the bus"], rows)
           + ("" if vs is None else f"\n\nTGS opportunistic throughput: {vs}x co-execution's.")
           + "".join(f"\n\n{name}, {k} failed: {r[k]['error'] or 'rc ' + str(r[k]['rc'])}" for name, r in res.items()
                     if name != "exclusive" for k in ("prod", "opp") if failed(r[k]))
           + "\n\nFailed: non-zero exit, a checksum mismatch (--verify), or hung (killed 120 s after it was due to "
           "end). Pages: 2 MiB, both directions "
           "(simgpu's accounting; '0' on a real GPU, where they are not counted). "
+          "On the bus: the share of the opportunistic job's engine time its kernels spent moving or "
+          "reading its memory over the bus (simgpu's accounting; '-' on a real GPU). "
           "Targets: production >= 0.95, opportunistic >= 10x co-execution's.")
     Outputs("oversubscription", json_path).write(result, md, echo)
     return result

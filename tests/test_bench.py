@@ -224,7 +224,9 @@ def test_oversubscription_s_multiple_of_co_execution_comes_from_the_rates_not_th
         return {k: {"rate": rate, "rc": 0, "checksum_ok": True} for k, rate in (("prod", prod), ("opp", opp))}
 
     res = {"exclusive": ran(157.9, 463.9), "co-execution": ran(26.1, 1.59), "TGS": ran(153.4, 7.83)}
+    res["TGS"]["opp"]["bus_share"] = 0.9126
     rows, summary = summarise(res)
+    assert [r[6] for r in rows] == ["-", "0.91"] and summary["TGS"]["opportunistic_bus_share"] == 0.9126
     assert summary["TGS"]["opportunistic_vs_co_execution"] == 4.9
     assert [r[2] for r in rows] == ["0.003", "0.017"]
     assert summary["co-execution"]["failed"] == [] and rows[0][3] == "none"

@@ -204,9 +204,11 @@ def _fake_runtime(directory: Path, name: str, record: Path) -> Path:
 
 
 LOWER_LISTS = {
-    "a string": 'lower_runtime = "{fake}"  # {missing} is not tried\n',
-    "one line": 'lower_runtime = ["{missing}", "{fake}"]\n',
-    "several lines": 'lower_runtime = [\n  "{missing}",  # not installed here\n  # a comment line\n  \'{fake}\',\n]\n',
+    "a string": '[runtime]\nlower_runtime = "{fake}"  # {missing} is not tried\n',
+    "one line": '[runtime]\nlower_runtime = ["{missing}", "{fake}"]\n',
+    "several lines": '[runtime]\nlower_runtime = [\n  "{missing}",  # not installed here\n  # a comment line\n'
+                     '  \'{fake}\',\n]\n',
+    "spaced header": '[ runtime ]  # TOML allows this\nlower_runtime=["{missing}","{fake}"]\n',
 }
 
 
@@ -217,7 +219,7 @@ def test_the_first_lower_runtime_that_exists_runs_the_container(libshim, tmp_pat
     record = tmp_path / "ran"
     fake = _fake_runtime(tmp_path / "bin", "fake-runc", record)
     config = tmp_path / "tgs.toml"
-    config.write_text("[runtime]\n" + LOWER_LISTS[shape].format(missing=tmp_path / "none" / "nvidia-runtime", fake=fake)
+    config.write_text(LOWER_LISTS[shape].format(missing=tmp_path / "none" / "nvidia-runtime", fake=fake)
                       + f"[daemon]\nstate_dir = \"{tmp_path}/state\"\n")
     p = subprocess.run([str(libshim.root / program), "--tgs-config", str(config), "state", CONTAINER_ID],
                        capture_output=True, text=True, timeout=60)

@@ -54,8 +54,9 @@ int rt_config_key(const char *toml, const char *section, const char *key, int in
     for (const char *line = toml; line && *line; line = strchr(line, '\n') ? strchr(line, '\n') + 1 : NULL) {
         while (*line == ' ' || *line == '\t')
             line++;
-        if (*line == '[') {
-            inside = !strncmp(line + 1, section, slen) && line[slen + 1] == ']';
+        if (*line == '[') { /* [section], or [ section ] */
+            const char *name = line + 1 + strspn(line + 1, " \t");
+            inside = !strncmp(name, section, slen) && name[slen + strspn(name + slen, " \t")] == ']';
             continue;
         }
         if (!inside || strncmp(line, key, klen) || (line[klen] != ' ' && line[klen] != '=' && line[klen] != '\t'))

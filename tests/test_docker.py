@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 import json
+import os
+import stat
 import time
 
 import pytest
@@ -95,6 +97,23 @@ def test_docker_gpus_flag_gives_a_tgs_container_its_gpu(docker, gpus, visible):
     assert [s["id"] for s in ran] == [reserved[0]["container"]], "the NVIDIA hook ran, once"
 
 
+@pytest.mark.parametrize("asked", ["TGS_CLASS", "default_class"])
+def test_a_gpu_device_node_gives_a_tgs_container_its_gpu(docker, simgpu, tmp_path, asked):
+    """The GPU as a device node in the spec, as CDI (docker 25+ --device nvidia.com/gpu=0,
+    containerd, CRI-O) and docker run --device give it: a node of the NVIDIA driver's major,
+    made here, stands in for GPU 0's /dev/nvidia0."""
+    node = tmp_path / "nvidia0"
+    os.mknod(node, 0o666 | stat.S_IFCHR, os.makedev(195, 0))
+    d, t = docker('[runtime]\ndefault_class = "opportunistic"\n' if asked == "default_class" else "")
+    env = ["-e", "TGS_CLASS=opportunistic", "-e", "NVIDIA_VISIBLE_DEVICES=void"] if asked == "TGS_CLASS" else []
+    out = d.docker(*run_args("--device", f"{node}:/dev/nvidia0", *env, IMAGE), "sh", "-c",
+                   "cat /etc/hostname; echo $TGS_CLASS; stat -c %t:%T /dev/nvidia0; maps")
+    host, cls, numbers = out.stdout.split()[:3]
+    assert (cls, numbers) == ("opportunistic", "c3:0") and "/usr/lib/tgs/libtgs.so" in out.stdout
+    reserved = [e for e in t.events() if e.get("event") == "container reserved" and e["container"].startswith(host)]
+    assert len(reserved) == 1 and reserved[0]["cls"] == "opportunistic" and reserved[0]["gpus"] == simgpu.uuids()
+
+
 def test_docker_kill_deregisters(docker):
     d, t = docker()
     cid = d.docker("run", "-d", "--network", "none", "--runtime=tgs", "-e", "TGS_CLASS=opportunistic", "-e",
@@ -124,7 +143,7 @@ def test_with_tgsd_stopped_create_fails_clearly(docker):
 
 @pytest.mark.parametrize("args,message", [
     (("-e", "TGS_CLASS=batch", "-e", "NVIDIA_VISIBLE_DEVICES=0"), "TGS_CLASS='batch': expected production or opportunistic"),
-    (("-e", "TGS_CLASS=production"), "a production container needs a GPU: set NVIDIA_VISIBLE_DEVICES"),
+    (("-e", "TGS_CLASS=production"), "this production container needs a GPU: set NVIDIA_VISIBLE_DEVICES"),
     (("-e", "TGS_CLASS=opportunistic", "-e", "NVIDIA_VISIBLE_DEVICES=9"), "GPU 9: this host has 1 GPU(s)"),
 ])
 def test_bad_requests_fail_clearly_and_leave_nothing(docker, args, message):

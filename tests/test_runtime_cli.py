@@ -56,11 +56,42 @@ def test_create_of_a_non_tgs_container_changes_nothing(rt):
     assert d.status()["gpus"][0]["containers"] == []
 
 
-def _set_env(bundle, *env):
+def _set_env(bundle, *env, devices=()):
     spec = json.loads((bundle / "config.json").read_text())
     spec["process"]["env"] = ["PATH=/bin", *env]
+    spec["linux"]["devices"] = [{"path": path, "type": "c", "major": major, "minor": minor, "fileMode": 8630,
+                                 "uid": 0, "gid": 0} for path, major, minor in devices]
     (bundle / "config.json").write_text(json.dumps(spec))
     return (bundle / "config.json").read_text()
+
+
+def cdi_nodes(minor: int) -> list[tuple[str, int, int]]:
+    """The device nodes CDI (docker --device nvidia.com/gpu=N, containerd, CRI-O) gives GPU N;
+    it also sets NVIDIA_VISIBLE_DEVICES=void."""
+    return [(f"/dev/nvidia{minor}", 195, minor), ("/dev/nvidiactl", 195, 255), ("/dev/nvidia-uvm", 508, 0)]
+
+
+@pytest.fixture
+def two_gpus(simgpu):
+    simgpu.devices = 2
+
+
+@pytest.mark.parametrize("asked", ["TGS_CLASS", "default_class"])
+def test_a_gpu_given_as_a_device_node_is_the_containers_gpu(two_gpus, rt, asked):
+    """With CDI, the GPU is a device node in the spec, not NVIDIA_VISIBLE_DEVICES (CDI sets it
+    to void): TGS takes it from the node's minor number. With a default class, so does the
+    launcher's look, also for a node given without the variable (docker run --device)."""
+    run, d, bundle = rt
+    if asked == "TGS_CLASS":
+        env = ["NVIDIA_VISIBLE_DEVICES=void", "TGS_CLASS=opportunistic"]
+    else:
+        env = []
+        d.config.write_text(d.config.read_text().replace("[runtime]\n", "[runtime]\ndefault_class = \"opportunistic\"\n", 1))
+    _set_env(bundle, *env, devices=cdi_nodes(1))
+    p = run("create", "--bundle", str(bundle), CONTAINER_ID)
+    assert p.returncode == 0, p.stderr
+    assert d.container(CONTAINER_ID, gpu=1)["class"] == "opportunistic" and d.container(CONTAINER_ID, gpu=0) is None
+    assert "/run/tgs" in [m["destination"] for m in json.loads((bundle / "config.json").read_text())["mounts"]]
 
 
 def test_create_of_a_tgs_container_reserves_and_edits(rt):
@@ -117,16 +148,21 @@ def test_with_tgsd_down_tgs_containers_fail_and_others_start(rt):
     assert (bundle / "config.json").read_text() == before
 
 
-@pytest.mark.parametrize("env,message", [
-    (("TGS_CLASS=bogus", "NVIDIA_VISIBLE_DEVICES=0"), "TGS_CLASS='bogus': expected production or opportunistic"),
-    (("TGS_CLASS=production", "NVIDIA_VISIBLE_DEVICES=5"), "GPU 5: this host has 1 GPU(s)"),
-    (("TGS_CLASS=opportunistic", "NVIDIA_VISIBLE_DEVICES=MIG-4f8c2a6e-0b1d-5e7f-9a3c-2d4e6f8a0b1c"),
+@pytest.mark.parametrize("env,devices,message", [
+    (("TGS_CLASS=bogus", "NVIDIA_VISIBLE_DEVICES=0"), (), "TGS_CLASS='bogus': expected production or opportunistic"),
+    (("TGS_CLASS=production", "NVIDIA_VISIBLE_DEVICES=5"), (), "GPU 5: this host has 1 GPU(s)"),
+    (("TGS_CLASS=opportunistic", "NVIDIA_VISIBLE_DEVICES=MIG-4f8c2a6e-0b1d-5e7f-9a3c-2d4e6f8a0b1c"), (),
      "is a MIG instance: TGS shares whole GPUs"),
-    (("TGS_CLASS=opportunistic", "NVIDIA_VISIBLE_DEVICES=0:1"), "GPU '0:1' is a MIG instance"),
+    (("TGS_CLASS=opportunistic", "NVIDIA_VISIBLE_DEVICES=0:1"), (), "GPU '0:1' is a MIG instance"),
+    (("TGS_CLASS=opportunistic", "NVIDIA_VISIBLE_DEVICES=void"), cdi_nodes(5),
+     "GPU device /dev/nvidia5: no GPU on this host has that device node (known: /dev/nvidia0)"),
+    (("TGS_CLASS=opportunistic", "NVIDIA_VISIBLE_DEVICES=void"),
+     [*cdi_nodes(0), ("/dev/nvidia-caps/nvidia-cap21", 511, 21)],
+     "GPU /dev/nvidia0 (with /dev/nvidia-caps/nvidia-cap21) is a MIG instance: TGS shares whole GPUs"),
 ])
-def test_refused_creates_leave_nothing_behind(rt, env, message):
+def test_refused_creates_leave_nothing_behind(rt, env, devices, message):
     run, d, bundle = rt
-    before = _set_env(bundle, *env)
+    before = _set_env(bundle, *env, devices=devices)
     p = run("create", "--bundle", str(bundle), CONTAINER_ID)
     assert p.returncode == 1 and p.lower_args is None
     assert message in p.stderr

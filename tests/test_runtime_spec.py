@@ -71,16 +71,33 @@ def test_without_sim_no_simgpu_is_mounted(tmp_path):
     assert specmod.simgpu(INPUT, setup(tmp_path, sim=False)) == INPUT
 
 
-def spec_with(env=(), annotations=None):
+def spec_with(env=(), annotations=None, devices=(), mounts=()):
     s = copy.deepcopy(INPUT)
     s["process"]["env"] = ["PATH=/bin", *env]
     s.pop("annotations", None)
     if annotations is not None:
         s["annotations"] = annotations
+    s["linux"]["devices"] = list(devices)
+    s["mounts"] += list(mounts)
     return s
 
 
-@pytest.mark.parametrize("env,annotations,default,want", [
+def node(path: str, major: int, minor: int) -> dict:
+    return {"path": path, "type": "c", "major": major, "minor": minor, "fileMode": 8630, "uid": 0, "gid": 0}
+
+
+# what CDI (docker --device nvidia.com/gpu=1, containerd or CRI-O) puts in a spec for GPU 1 of a host
+CDI_GPU1 = [node("/dev/nvidia1", 195, 1), node("/dev/nvidiactl", 195, 255), node("/dev/nvidia-modeset", 195, 254),
+            node("/dev/nvidia-uvm", 508, 0), node("/dev/nvidia-uvm-tools", 508, 1)]
+CDI_MIG = [node("/dev/nvidia0", 195, 0), node("/dev/nvidiactl", 195, 255), node("/dev/nvidia-caps/nvidia-cap21", 511, 21),
+           node("/dev/nvidia-caps/nvidia-cap22", 511, 22)]
+VOID = "NVIDIA_VISIBLE_DEVICES=void"
+# the device plugin's volume-mounts strategy: the GPUs are mounts, named in a directory
+LISTED = {"destination": "/var/run/nvidia-container-devices/GPU-abc", "type": "bind", "source": "/dev/null",
+          "options": ["rbind", "ro"]}
+
+
+CLASSIFY = [
     ((), None, "", None),
     (("NVIDIA_VISIBLE_DEVICES=0",), None, "", None),
     (("NVIDIA_VISIBLE_DEVICES=0",), None, "opportunistic", Request("opportunistic", ["0"])),
@@ -89,20 +106,40 @@ def spec_with(env=(), annotations=None):
      Request("opportunistic", ["0"])),
     (("TGS_CLASS=production", "NVIDIA_VISIBLE_DEVICES=0"), {"io.kubernetes.cri.container-type": "sandbox"}, "", None),
     (("NVIDIA_VISIBLE_DEVICES=void",), None, "opportunistic", None),
-    # MIG instances are isolated already: the default class leaves them alone; asked for, they are refused at reserve
+    # MIG instances are isolated already: the default class leaves them alone (asked for, they are refused)
     (("NVIDIA_VISIBLE_DEVICES=MIG-4f8c2a6e-0b1d-5e7f-9a3c-2d4e6f8a0b1c",), None, "opportunistic", None),
     (("NVIDIA_VISIBLE_DEVICES=0:1,0:2",), None, "production", None),
-    (("TGS_CLASS=opportunistic", "NVIDIA_VISIBLE_DEVICES=0:1"), None, "", Request("opportunistic", ["0:1"])),
-])
-def test_classify(env, annotations, default, want):
-    assert classify(spec_with(env, annotations), default) == want
+    (("NVIDIA_VISIBLE_DEVICES=0,0:2",), None, "production", None),
+    # CDI: NVIDIA_VISIBLE_DEVICES=void, the GPU is a device node (its minor number names it)
+    ((VOID,), None, "opportunistic", Request("opportunistic", ["/dev/nvidia1"]), CDI_GPU1),
+    (("TGS_CLASS=production", VOID), None, "", Request("production", ["/dev/nvidia1"]), CDI_GPU1),
+    (("TGS_CLASS=production",), None, "", Request("production", ["/dev/nvidia3"]),
+     [node("/dev/nvidia0", 195, 3)]),  # docker run --device /dev/nvidia3:/dev/nvidia0: the node is GPU 3's
+    ((VOID,), None, "opportunistic", None, CDI_GPU1[1:]),  # the driver's other nodes are not a GPU
+    ((VOID,), None, "opportunistic", None, CDI_MIG),
+    # NVIDIA_VISIBLE_DEVICES, when it names GPUs, is what the NVIDIA runtime acts on
+    (("TGS_CLASS=production", "NVIDIA_VISIBLE_DEVICES=0"), None, "", Request("production", ["0"]), CDI_GPU1),
+    (("NVIDIA_VISIBLE_DEVICES=/var/run/nvidia-container-devices",), None, "opportunistic",
+     Request("opportunistic", ["GPU-abc"]), (), [LISTED]),
+]
+
+
+@pytest.mark.parametrize("env,annotations,default,want,devices,mounts", [(*c, (), ())[:6] for c in CLASSIFY])
+def test_classify(env, annotations, default, want, devices, mounts):
+    assert classify(spec_with(env, annotations, devices, mounts), default) == want
 
 
 def test_classify_refuses_with_reasons():
     with pytest.raises(SpecError, match="TGS_CLASS='batch'"):
         classify(spec_with(("TGS_CLASS=batch", "NVIDIA_VISIBLE_DEVICES=0")))
-    with pytest.raises(SpecError, match="needs a GPU"):
+    with pytest.raises(SpecError, match="needs a GPU: set NVIDIA_VISIBLE_DEVICES .* or a CDI device"):
         classify(spec_with(("TGS_CLASS=production",)))
+    with pytest.raises(SpecError, match="needs a GPU"):
+        classify(spec_with(("TGS_CLASS=production", VOID), devices=CDI_GPU1[1:]))
+    with pytest.raises(SpecError, match="GPU '0:1' is a MIG instance: TGS shares whole GPUs"):
+        classify(spec_with(("TGS_CLASS=opportunistic", "NVIDIA_VISIBLE_DEVICES=0,0:1")))
+    with pytest.raises(SpecError, match="GPU /dev/nvidia0 \\(with /dev/nvidia-caps/nvidia-cap21\\) is a MIG instance"):
+        classify(spec_with(("TGS_CLASS=opportunistic", VOID), devices=CDI_MIG))
     with pytest.raises(SpecError, match="needs the annotation"):
         classify(spec_with(("TGS_CLASS=production", "NVIDIA_VISIBLE_DEVICES=0")), production_policy="annotation")
     ok = classify(spec_with(("NVIDIA_VISIBLE_DEVICES=0",), {"tgs.class": "production"}), production_policy="annotation")

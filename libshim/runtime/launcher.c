@@ -5,7 +5,8 @@
  * launcher keeps everything else an exec: it strips `--tgs-config PATH`, picks the lower
  * runtime from the config file's [runtime] lower_runtime, and execs it with the same
  * arguments. For `create`/`run` it looks at the bundle's config.json: when it mentions
- * TGS_CLASS, the tgs.class annotation, or (with a [runtime] default_class) a GPU, it asks
+ * TGS_CLASS, the tgs.class annotation, or (with a [runtime] default_class) a GPU (in
+ * NVIDIA_VISIBLE_DEVICES, or as a /dev/nvidia* device node, as CDI gives one), it asks
  * tgsd (admin operation `create`) to decide exactly and, for a container that asks for
  * TGS, to reserve it and edit its spec; then it execs the lower runtime, or reports
  * tgsd's refusal. That look is only a filter: tgsd makes the real decision. When tgsd
@@ -211,7 +212,8 @@ int main(int argc, char **argv) {
         char *spec = rt_read_file(spec_path, 16 << 20, NULL);
         int readable = spec != NULL;
         int wanted = readable && (strstr(spec, "TGS_CLASS=") || strstr(spec, "\"tgs.class\"") ||
-                                  (default_class[0] && strstr(spec, "NVIDIA_VISIBLE_DEVICES=")));
+                                  (default_class[0] && (strstr(spec, "NVIDIA_VISIBLE_DEVICES=") ||
+                                                        strstr(spec, "\"/dev/nvidia"))));
         free(spec);
         if ((wanted || !readable) && tgsd_create(state_dir, container_id, bundle, tgs_config, named))
             goto lower_runtime;

@@ -11,7 +11,7 @@ from pathlib import Path
 import pynvml
 
 from tgs_runtime.config import SimConfig
-from tgs_runtime.runtime.spec import is_mig_instance
+from tgs_runtime.runtime.spec import GPU_NODE, is_mig_instance, mig_refusal
 
 
 class GpuError(RuntimeError):
@@ -24,6 +24,7 @@ class Gpu:
     uuid: str
     name: str
     memory_total: int
+    minor: int | None = None  # of its device node, /dev/nvidia<minor>
 
 
 def _optional(fn, *args):
@@ -61,7 +62,8 @@ class GpuInventory:
             name = _optional(pynvml.nvmlDeviceGetName, h) or "unknown"
             name = name.decode() if isinstance(name, bytes) else name
             mem = _optional(pynvml.nvmlDeviceGetMemoryInfo, h)
-            self.gpus.append(Gpu(i, uuid, name, int(mem.total) if mem else 0))
+            minor = _optional(pynvml.nvmlDeviceGetMinorNumber, h)
+            self.gpus.append(Gpu(i, uuid, name, int(mem.total) if mem else 0, minor))
             self._handles.append(h)
         self.driver = _optional(pynvml.nvmlSystemGetDriverVersion) or "unknown"
 
@@ -69,16 +71,22 @@ class GpuInventory:
         return next((g for g in self.gpus if g.uuid == uuid), None)
 
     def resolve(self, spec: str) -> Gpu:
-        """A GPU named as NVIDIA_VISIBLE_DEVICES names them: an index or a UUID (or a prefix)."""
+        """A GPU named as NVIDIA_VISIBLE_DEVICES names them (an index or a UUID, or a prefix),
+        or by its device node, /dev/nvidia<minor> (a spec's device nodes name them so)."""
         spec = spec.strip()
         if spec.isdigit():
             i = int(spec)
             if i < len(self.gpus):
                 return self.gpus[i]
             raise GpuError(f"GPU {spec}: this host has {len(self.gpus)} GPU(s) (indexes 0 to {len(self.gpus) - 1})")
+        node = [g for g in self.gpus if g.minor is not None and GPU_NODE.format(g.minor) == spec]
+        if node:
+            return node[0]
+        if spec.startswith(GPU_NODE.format("")):
+            known = ", ".join(GPU_NODE.format(g.minor) for g in self.gpus if g.minor is not None) or "none"
+            raise GpuError(f"GPU device {spec}: no GPU on this host has that device node (known: {known})")
         if is_mig_instance(spec):
-            raise GpuError(f"GPU {spec!r} is a MIG instance: TGS shares whole GPUs (a MIG instance is "
-                           "isolated already); name a whole GPU, or run this container without a TGS class")
+            raise GpuError(mig_refusal(f"GPU {spec!r}"))
         matches = [g for g in self.gpus if g.uuid.startswith(spec)] if spec.startswith("GPU-") else []
         if len(matches) == 1:
             return matches[0]

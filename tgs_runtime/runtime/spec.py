@@ -8,6 +8,7 @@ from __future__ import annotations
 import copy
 import json
 import os
+import posixpath
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -20,6 +21,12 @@ PRELOAD = "/etc/ld.so.preload"
 CLASS_ANNOTATION = "tgs.class"
 CLASS_ENV = "TGS_CLASS"
 GPU_ENV = "NVIDIA_VISIBLE_DEVICES"
+NO_GPU = ("", "void", "none")  # NVIDIA_VISIBLE_DEVICES values that name no GPU (CDI sets void)
+DEVICE_LIST_DIR = "/var/run/nvidia-container-devices"  # the device plugin's volume-mounts strategy
+GPU_MAJOR = 195            # the NVIDIA driver's character devices: /dev/nvidiaN is minor N,
+GPU_MINORS = range(254)    # 254 and 255 are nvidia-modeset and nvidiactl
+GPU_NODE = "/dev/nvidia{}"
+MIG_CAPS_DIR = "/dev/nvidia-caps/"  # a MIG instance's access nodes, beside its parent GPU's
 SANDBOX_ANNOTATIONS = {
     "io.kubernetes.cri.container-type": "sandbox",     # containerd CRI
     "io.kubernetes.docker.type": "podsandbox",         # dockershim
@@ -52,6 +59,47 @@ def is_mig_instance(gpu: str) -> bool:
     return gpu.startswith("MIG-") or (":" in gpu and all(x.isdigit() for x in gpu.split(":")))
 
 
+def mig_refusal(what: str) -> str:
+    return (f"{what} is a MIG instance: TGS shares whole GPUs (a MIG instance is isolated already); "
+            "name a whole GPU, or run this container without a TGS class")
+
+
+@dataclass(frozen=True)
+class Gpus:
+    """The GPUs a container's spec gives it, named as tgsd's reserve takes them."""
+
+    names: list[str]
+    mig: str = ""  # which of them is a MIG instance, where one is
+
+
+def _device_nodes(spec: Spec) -> list[dict]:
+    return [d for d in ((spec.get("linux") or {}).get("devices") or []) if isinstance(d, dict)]
+
+
+def gpus_of(spec: Spec) -> Gpus:
+    """NVIDIA_VISIBLE_DEVICES, as the NVIDIA runtime (or docker's --gpus) reads it; the
+    device plugin's list of mounts where it points there; where it names no GPU (CDI sets
+    it to void: docker --device nvidia.com/gpu=0, containerd or CRI-O with CDI), the GPU
+    device nodes the engine put in the spec itself."""
+    text = (env_value(spec, GPU_ENV) or "").strip()
+    if text.rstrip("/") == DEVICE_LIST_DIR:
+        listed = [str(m.get("destination", "")).rstrip("/") for m in spec.get("mounts") or [] if isinstance(m, dict)]
+        names = [posixpath.basename(d) for d in listed if posixpath.dirname(d) == DEVICE_LIST_DIR]
+        return _named(names)
+    if text not in NO_GPU:
+        return _named([g.strip() for g in text.split(",") if g.strip() not in NO_GPU])
+    nodes = _device_nodes(spec)
+    names = list(dict.fromkeys(GPU_NODE.format(d["minor"]) for d in nodes if d.get("type") == "c"
+                               and d.get("major") == GPU_MAJOR and d.get("minor") in GPU_MINORS))
+    caps = [str(d.get("path")) for d in nodes if str(d.get("path", "")).startswith(MIG_CAPS_DIR)]
+    return Gpus(names, mig=f"GPU {', '.join(names)} (with {caps[0]})" if names and caps else "")
+
+
+def _named(names: list[str]) -> Gpus:
+    mig = [g for g in names if is_mig_instance(g)]
+    return Gpus(names, mig=f"GPU {mig[0]!r}" if mig else "")
+
+
 def is_sandbox(spec: Spec) -> bool:
     ann = spec.get("annotations") or {}
     return any(ann.get(k) == v for k, v in SANDBOX_ANNOTATIONS.items())
@@ -71,12 +119,11 @@ def classify(spec: Spec, default_class: str = "", production_policy: str = "any"
         return None
     annotation = (spec.get("annotations") or {}).get(CLASS_ANNOTATION)
     env = env_value(spec, CLASS_ENV)
-    gpus_text = env_value(spec, GPU_ENV)
-    gpus = [g.strip() for g in (gpus_text or "").split(",") if g.strip() and g.strip() not in ("void", "none")]
+    gpus = gpus_of(spec)
     cls = (annotation or env or "").strip().lower()
     source = "annotation tgs.class" if annotation else f"{CLASS_ENV}"
     if not cls:  # MIG instances are isolated already: the default class leaves their containers alone
-        if not default_class or not gpus or all(is_mig_instance(g) for g in gpus):
+        if not default_class or not gpus.names or gpus.mig:
             return None
         cls, source = default_class, "[runtime] default_class"
     if cls not in ("production", "opportunistic"):
@@ -84,9 +131,12 @@ def classify(spec: Spec, default_class: str = "", production_policy: str = "any"
     if cls == "production" and production_policy == "annotation" and not annotation:
         raise SpecError("production needs the annotation tgs.class=production on this host (config [runtime] "
                         "production = \"annotation\"); TGS_CLASS alone may come from the image")
-    if not gpus:
-        raise SpecError(f"a {cls} container needs a GPU: set {GPU_ENV} (e.g. -e {GPU_ENV}=0)")
-    return Request(cls, gpus)
+    if not gpus.names:
+        raise SpecError(f"this {cls} container needs a GPU: set {GPU_ENV} (e.g. -e {GPU_ENV}=0), or give it one "
+                        "with --gpus or a CDI device (--device nvidia.com/gpu=0)")
+    if gpus.mig:
+        raise SpecError(mig_refusal(gpus.mig))
+    return Request(cls, gpus.names)
 
 
 # ---------------------------------------------------------------------------- changing

@@ -56,9 +56,11 @@ def test_create_of_a_non_tgs_container_changes_nothing(rt):
     assert d.status()["gpus"][0]["containers"] == []
 
 
-def _set_env(bundle, *env, devices=()):
+def _set_env(bundle, *env, devices=(), annotations=None):
     spec = json.loads((bundle / "config.json").read_text())
     spec["process"]["env"] = ["PATH=/bin", *env]
+    if annotations is not None:
+        spec["annotations"] = annotations
     spec["linux"]["devices"] = [{"path": path, "type": "c", "major": major, "minor": minor, "fileMode": 8630,
                                  "uid": 0, "gid": 0} for path, major, minor in devices]
     (bundle / "config.json").write_text(json.dumps(spec))
@@ -76,18 +78,24 @@ def two_gpus(simgpu):
     simgpu.devices = 2
 
 
-@pytest.mark.parametrize("asked", ["TGS_CLASS", "default_class"])
-def test_a_gpu_given_as_a_device_node_is_the_containers_gpu(two_gpus, rt, asked):
-    """With CDI, the GPU is a device node in the spec, not NVIDIA_VISIBLE_DEVICES (CDI sets it
-    to void): TGS takes it from the node's minor number. With a default class, so does the
-    launcher's look, also for a node given without the variable (docker run --device)."""
+CDI_WAYS = {  # the environment, device nodes and annotations of a container given GPU 1 by CDI
+    "asked, CDI device nodes": (["NVIDIA_VISIBLE_DEVICES=void", "TGS_CLASS=opportunistic"], cdi_nodes(1), {}),
+    "default class, docker --device": ([], cdi_nodes(1), {}),
+    "default class, the device plugin's CDI annotation": (
+        [], [], {"nvidia.cdi.k8s.io/nvidia-device-plugin_1": "nvidia.com/gpu=1"}),
+}
+
+
+@pytest.mark.parametrize("way", CDI_WAYS)
+def test_a_gpu_given_by_cdi_is_the_containers_gpu(two_gpus, rt, way):
+    """With CDI, the GPU is a device node in the spec or a CDI device in an annotation, not
+    NVIDIA_VISIBLE_DEVICES (CDI sets it to void): TGS takes it from either (a node by its
+    minor number). With a default class, so does the launcher's look."""
     run, d, bundle = rt
-    if asked == "TGS_CLASS":
-        env = ["NVIDIA_VISIBLE_DEVICES=void", "TGS_CLASS=opportunistic"]
-    else:
-        env = []
+    env, devices, annotations = CDI_WAYS[way]
+    if not env:
         d.config.write_text(d.config.read_text().replace("[runtime]\n", "[runtime]\ndefault_class = \"opportunistic\"\n", 1))
-    _set_env(bundle, *env, devices=cdi_nodes(1))
+    _set_env(bundle, *env, devices=devices, annotations=annotations)
     p = run("create", "--bundle", str(bundle), CONTAINER_ID)
     assert p.returncode == 0, p.stderr
     assert d.container(CONTAINER_ID, gpu=1)["class"] == "opportunistic" and d.container(CONTAINER_ID, gpu=0) is None

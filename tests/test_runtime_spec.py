@@ -121,6 +121,14 @@ CLASSIFY = [
     (("TGS_CLASS=production", "NVIDIA_VISIBLE_DEVICES=0"), None, "", Request("production", ["0"]), CDI_GPU1),
     (("NVIDIA_VISIBLE_DEVICES=/var/run/nvidia-container-devices",), None, "opportunistic",
      Request("opportunistic", ["GPU-abc"]), (), [LISTED]),
+    # the device plugin's CDI annotations (for containerd or CRI-O, or for the NVIDIA runtime
+    # in CDI mode underneath TGS, when no device node is in the spec yet)
+    ((VOID,), {"cdi.k8s.io/nvidia-device-plugin_0a1b": "nvidia.com/gpu=GPU-abc"}, "opportunistic",
+     Request("opportunistic", ["GPU-abc"]), CDI_GPU1),
+    (("TGS_CLASS=production",), {"nvidia.cdi.k8s.io/nvidia-device-plugin_0a1b": "nvidia.com/gpu=0,nvidia.com/gpu=2"},
+     "", Request("production", ["0", "2"])),
+    ((), {"cdi.k8s.io/fpga": "example.com/fpga=0"}, "opportunistic", None),
+    ((), {"cdi.k8s.io/nvidia-device-plugin_0a1b": "nvidia.com/gpu=0:1"}, "opportunistic", None),
 ]
 
 

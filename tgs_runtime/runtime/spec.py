@@ -27,6 +27,8 @@ GPU_MAJOR = 195            # the NVIDIA driver's character devices: /dev/nvidiaN
 GPU_MINORS = range(254)    # 254 and 255 are nvidia-modeset and nvidiactl
 GPU_NODE = "/dev/nvidia{}"
 MIG_CAPS_DIR = "/dev/nvidia-caps/"  # a MIG instance's access nodes, beside its parent GPU's
+CDI_KIND = "nvidia.com/gpu"  # CDI's name for NVIDIA GPUs: nvidia.com/gpu=0, =GPU-<uuid>, =all
+CDI_ANNOTATIONS = ("cdi.k8s.io/", "nvidia.cdi.k8s.io/")  # the device plugin's, for containerd or the NVIDIA runtime
 SANDBOX_ANNOTATIONS = {
     "io.kubernetes.cri.container-type": "sandbox",     # containerd CRI
     "io.kubernetes.docker.type": "podsandbox",         # dockershim
@@ -76,18 +78,31 @@ def _device_nodes(spec: Spec) -> list[dict]:
     return [d for d in ((spec.get("linux") or {}).get("devices") or []) if isinstance(d, dict)]
 
 
+def _cdi_annotated(spec: Spec) -> list[str]:
+    """The GPUs the device plugin asked CDI for in annotations (`nvidia.com/gpu=<name>`)."""
+    names = []
+    for key, value in (spec.get("annotations") or {}).items():
+        if str(key).startswith(CDI_ANNOTATIONS):
+            for device in str(value).split(","):
+                kind, _, name = device.strip().partition("=")
+                if kind == CDI_KIND and name:
+                    names.append(name)
+    return list(dict.fromkeys(names))
+
+
 def gpus_of(spec: Spec) -> Gpus:
     """NVIDIA_VISIBLE_DEVICES, as the NVIDIA runtime (or docker's --gpus) reads it; the
-    device plugin's list of mounts where it points there; where it names no GPU (CDI sets
-    it to void: docker --device nvidia.com/gpu=0, containerd or CRI-O with CDI), the GPU
-    device nodes the engine put in the spec itself."""
+    device plugin's list of mounts where it points there. Where it names no GPU (CDI sets it
+    to void: docker --device nvidia.com/gpu=0, containerd or CRI-O with CDI), the CDI
+    devices the device plugin annotated, else the GPU device nodes in the spec itself."""
     text = (env_value(spec, GPU_ENV) or "").strip()
     if text.rstrip("/") == DEVICE_LIST_DIR:
         listed = [str(m.get("destination", "")).rstrip("/") for m in spec.get("mounts") or [] if isinstance(m, dict)]
-        names = [posixpath.basename(d) for d in listed if posixpath.dirname(d) == DEVICE_LIST_DIR]
-        return _named(names)
+        return _named([posixpath.basename(d) for d in listed if posixpath.dirname(d) == DEVICE_LIST_DIR])
     if text not in NO_GPU:
         return _named([g.strip() for g in text.split(",") if g.strip() not in NO_GPU])
+    if annotated := _cdi_annotated(spec):
+        return _named(annotated)
     nodes = _device_nodes(spec)
     names = list(dict.fromkeys(GPU_NODE.format(d["minor"]) for d in nodes if d.get("type") == "c"
                                and d.get("major") == GPU_MAJOR and d.get("minor") in GPU_MINORS))

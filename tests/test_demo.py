@@ -73,13 +73,14 @@ def test_where_a_gpu_needs_docker_s_gpus_flag_the_demo_s_containers_ask_for_it(d
     import docker as sdk
 
     from tgs_runtime import config, demodocker
+    from tgs_runtime.runtime.gpu_access import Route
     from tgs_runtime.workload import Workload
 
     host, tgsd = docker()
     records = host.workdir / "nvidia-hook-records"
     before = set(records.iterdir())
     d = demodocker.DockerTgs(sdk.DockerClient(base_url=host.host), config.load(host.tgs_config), "private",
-                             gpus_flag=True)
+                             Route.GPUS_FLAG)
     job = demodocker.ContainerJob.start(d, demodocker.image(d), "opportunistic", "gpus-flag",
                                         Workload(kernel_us=100, kernels=2, seconds=0.5, report_s=0.25))
     try:

@@ -114,6 +114,8 @@ def test_doctor_fails_when_no_lower_runtime_is_installed(libshim, tmp_path):
 @pytest.mark.parametrize("lower,installed,route,words", [
     ("/usr/bin/nvidia-container-runtime", [], "NVIDIA_RUNTIME", "get the GPUs NVIDIA_VISIBLE_DEVICES names"),
     ("/usr/bin/runc", ["nvidia-container-runtime-hook"], "GPUS_FLAG", "they get GPUs with `docker run --gpus`"),
+    ("/usr/bin/runc", ["cdi/nvidia.yaml"], "CDI", "they get GPUs as CDI devices"),
+    ("/usr/bin/runc", ["cdi/other-vendor.yaml"], "NONE", "TGS containers would not see the GPU"),
     ("/usr/bin/runc", [], "NONE", "TGS containers would not see the GPU"),
 ])
 def test_how_tgs_containers_get_their_gpus_on_a_real_host(tmp_path, monkeypatch, lower, installed, route, words):
@@ -121,9 +123,12 @@ def test_how_tgs_containers_get_their_gpus_on_a_real_host(tmp_path, monkeypatch,
     GPU host (not on simgpu, where TGS mounts the GPU itself)."""
     from tgs_runtime.runtime.gpu_access import GpuAccess, Route
 
+    (tmp_path / "cdi").mkdir()
     for name in installed:
-        (tmp_path / name).write_text("#!/bin/sh\n")
+        # a CDI spec as nvidia-ctk cdi generate writes it (the start of one), or a stand-in program
+        kind = "nvidia.com/gpu" if "nvidia" in name else "example.com/fpga"
+        (tmp_path / name).write_text(f"---\ncdiVersion: 0.5.0\nkind: {kind}\n" if "cdi/" in name else "#!/bin/sh\n")
         (tmp_path / name).chmod(0o755)
     monkeypatch.setenv("PATH", str(tmp_path))
-    access = GpuAccess.of(lower)
+    access = GpuAccess.of(lower, cdi_dirs=[tmp_path / "missing", tmp_path / "cdi"])
     assert access.route == Route[route] and words in access.describe()

@@ -23,7 +23,7 @@ from tgs_runtime.config import Config
 from tgs_runtime.paths import artifacts
 from tgs_runtime.privatedocker import rootfs_tar
 from tgs_runtime.runtime.create import Failure
-from tgs_runtime.runtime.gpu_access import GpuAccess, Route
+from tgs_runtime.runtime.gpu_access import CDI_KIND, GpuAccess, Route
 from tgs_runtime.runtime.main import lower_runtime
 from tgs_runtime.workload import Workload
 
@@ -35,7 +35,7 @@ class DockerTgs:
     client: Any      # docker.DockerClient
     cfg: Config      # the tgs runtime's config (its tgsd, its [sim])
     where: str       # the daemon, in words
-    gpus_flag: bool = False  # a real GPU reaches containers only through docker's --gpus (gpu_access.py)
+    route: Route | None = None  # how a real GPU reaches containers (gpu_access.py); None on simgpu
 
     @property
     def simulated(self) -> bool:
@@ -76,7 +76,7 @@ def find(real_gpu: bool) -> tuple[DockerTgs | None, str]:
         return None, f"the tgsd behind the tgs runtime does not answer: {e}"
     if not cfg.sim.enabled and not real_gpu:
         return None, f"there is no GPU here and the tgs runtime's config ({cfg.path}) does not enable [sim]"
-    gpus_flag = False
+    route = None
     if not cfg.sim.enabled:
         try:
             access = GpuAccess.of(lower_runtime(cfg.runtime.lower_runtime))
@@ -84,9 +84,12 @@ def find(real_gpu: bool) -> tuple[DockerTgs | None, str]:
             return None, f"the tgs runtime cannot run containers: {e}"
         if access.route == Route.NONE:
             return None, access.describe()
-        gpus_flag = access.route == Route.GPUS_FLAG
+        if access.route == Route.CDI and not info.get("CDISpecDirs"):  # docker 27 and later list them when on
+            return None, (f"{access.describe()}; but this dockerd has CDI off (docker 25 or later, with "
+                          "\"features\": {\"cdi\": true} in daemon.json)")
+        route = access.route
     return DockerTgs(client, cfg, f"dockerd {info.get('ServerVersion', '?')} ({info.get('Name', '?')})",
-                     gpus_flag), ""
+                     route), ""
 
 
 def image(d: DockerTgs) -> str:
@@ -123,8 +126,12 @@ class ContainerJob:
         import docker
 
         env = {"TGS_CLASS": role, "NVIDIA_VISIBLE_DEVICES": "0", "SIMGPU_LABEL": label, "TGS_LOG_LEVEL": "error"}
-        # --gpus '"device=0"' sets the same NVIDIA_VISIBLE_DEVICES, and has dockerd add the NVIDIA hook
-        gpus = [docker.types.DeviceRequest(device_ids=["0"], capabilities=[["gpu"]])] if d.gpus_flag else None
+        gpus = None
+        if d.route == Route.GPUS_FLAG:  # --gpus '"device=0"': the same variable, and dockerd adds the NVIDIA hook
+            gpus = [docker.types.DeviceRequest(device_ids=["0"], capabilities=[["gpu"]])]
+        elif d.route == Route.CDI:  # --device nvidia.com/gpu=0: dockerd puts GPU 0's device node in the spec
+            gpus = [docker.types.DeviceRequest(driver="cdi", device_ids=[f"{CDI_KIND}=0"])]
+            del env["NVIDIA_VISIBLE_DEVICES"]
         c = d.client.containers.run(tag, [WORKLOAD_IN_IMAGE, *w.argv()[1:]], runtime="tgs", environment=env,
                                     network_mode="none", detach=True, labels={"tgs.demo": role},
                                     device_requests=gpus)

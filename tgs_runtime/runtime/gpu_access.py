@@ -1,24 +1,47 @@
 """How a TGS container gets its GPUs on a real host. TGS decides a container's GPUs; the
-lower runtime puts them in: the NVIDIA runtime from NVIDIA_VISIBLE_DEVICES (as
-`--runtime=nvidia` does), or, under runc, only `docker run --gpus` (dockerd adds the NVIDIA
-Container Toolkit's hook, which it finds on its PATH). On simgpu tgs-runtime mounts the
-simulated driver itself, and none of this applies. Used by `tgs doctor` and `tgs demo`."""
+lower runtime or the engine puts them in: the NVIDIA runtime from NVIDIA_VISIBLE_DEVICES
+(as `--runtime=nvidia` does); under runc, docker's `--gpus` (dockerd adds the NVIDIA
+Container Toolkit's hook, which it finds on its PATH); or a CDI device (`docker run --device
+nvidia.com/gpu=0`, containerd or CRI-O with CDI), which the engine resolves from a CDI spec
+the toolkit wrote. On simgpu tgs-runtime mounts the simulated driver itself, and none of this
+applies. Used by `tgs doctor` and `tgs demo`."""
 from __future__ import annotations
 
 import shutil
+from collections.abc import Iterable
 from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
 
+from tgs_runtime.runtime.spec import CDI_KIND
+
 NVIDIA_RUNTIME = "nvidia-container-runtime"
 NVIDIA_HOOK = "nvidia-container-runtime-hook"
+CDI_DIRS = (Path("/etc/cdi"), Path("/var/run/cdi"))  # where docker, containerd and CRI-O look by default
 FIX = "install the NVIDIA Container Toolkit (nvidia-container-toolkit)"
 
 
 class Route(Enum):
     NVIDIA_RUNTIME = "nvidia runtime"  # NVIDIA_VISIBLE_DEVICES is enough
     GPUS_FLAG = "--gpus"               # docker's device request; NVIDIA_VISIBLE_DEVICES alone gives nothing
+    CDI = "cdi"                        # a CDI device: the engine puts the GPU's device node in the spec
     NONE = "none"                      # the container would not see the GPU
+
+
+def cdi_spec(dirs: Iterable[Path] = CDI_DIRS) -> Path | None:
+    """The first CDI spec that defines NVIDIA GPUs (nvidia-ctk cdi generate writes one)."""
+    for d in dirs:
+        try:
+            files = sorted(f for f in Path(d).iterdir() if f.suffix in (".yaml", ".yml", ".json"))
+        except OSError:
+            continue
+        for f in files:
+            try:
+                if CDI_KIND in f.read_text(errors="replace"):
+                    return f
+            except OSError:
+                continue
+    return None
 
 
 @dataclass(frozen=True)
@@ -26,13 +49,17 @@ class GpuAccess:
     route: Route
     lower: str               # the lower runtime, as found
     hook: str | None = None  # the NVIDIA hook, where found
+    cdi: Path | None = None  # the CDI spec of NVIDIA GPUs, where found
 
     @classmethod
-    def of(cls, lower: str) -> "GpuAccess":
+    def of(cls, lower: str, cdi_dirs: Iterable[Path] = CDI_DIRS) -> "GpuAccess":
         if Path(lower).name.startswith(NVIDIA_RUNTIME):
             return cls(Route.NVIDIA_RUNTIME, lower)
         hook = shutil.which(NVIDIA_HOOK)
-        return cls(Route.GPUS_FLAG if hook else Route.NONE, lower, hook)
+        if hook:
+            return cls(Route.GPUS_FLAG, lower, hook)
+        spec = cdi_spec(cdi_dirs)
+        return cls(Route.CDI if spec else Route.NONE, lower, cdi=spec)
 
     def describe(self) -> str:
         if self.route == Route.NVIDIA_RUNTIME:
@@ -40,5 +67,10 @@ class GpuAccess:
         if self.route == Route.GPUS_FLAG:
             return (f"TGS containers run on {self.lower}: they get GPUs with `docker run --gpus` (through "
                     f"{self.hook}), not from NVIDIA_VISIBLE_DEVICES alone")
-        return (f"TGS containers would not see the GPU: their lower runtime is {self.lower}, and neither "
-                f"{NVIDIA_RUNTIME} nor {NVIDIA_HOOK} (for docker run --gpus) is installed")
+        if self.route == Route.CDI:
+            return (f"TGS containers run on {self.lower}: they get GPUs as CDI devices ({self.cdi}), e.g. "
+                    f"`docker run --device {CDI_KIND}=0` (docker 25 or later, CDI on), not from "
+                    "NVIDIA_VISIBLE_DEVICES alone")
+        return (f"TGS containers would not see the GPU: their lower runtime is {self.lower}, neither "
+                f"{NVIDIA_RUNTIME} nor {NVIDIA_HOOK} (for docker run --gpus) is installed, and no CDI spec "
+                f"defines {CDI_KIND} (in {', '.join(str(d) for d in CDI_DIRS)})")

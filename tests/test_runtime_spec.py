@@ -127,8 +127,12 @@ CLASSIFY = [
      Request("opportunistic", ["GPU-abc"]), CDI_GPU1),
     (("TGS_CLASS=production",), {"nvidia.cdi.k8s.io/nvidia-device-plugin_0a1b": "nvidia.com/gpu=0,nvidia.com/gpu=2"},
      "", Request("production", ["0", "2"])),
+    ((VOID,), {"nvidia.cdi.k8s.io/nvidia-device-plugin_9f43": "k8s.device-plugin.nvidia.com/gpu=GPU-6550"},
+     "opportunistic", Request("opportunistic", ["GPU-6550"])),  # the device plugin's own CDI kind
     ((), {"cdi.k8s.io/fpga": "example.com/fpga=0"}, "opportunistic", None),
     ((), {"cdi.k8s.io/nvidia-device-plugin_0a1b": "nvidia.com/gpu=0:1"}, "opportunistic", None),
+    ((), {"cdi.k8s.io/nvidia-device-plugin_0a1b": "k8s.device-plugin.nvidia.com/mig-1g.10gb=MIG-4f8c"},
+     "opportunistic", None),
 ]
 
 
@@ -146,6 +150,8 @@ def test_classify_refuses_with_reasons():
         classify(spec_with(("TGS_CLASS=production", VOID), devices=CDI_GPU1[1:]))
     with pytest.raises(SpecError, match="GPU '0:1' is a MIG instance: TGS shares whole GPUs"):
         classify(spec_with(("TGS_CLASS=opportunistic", "NVIDIA_VISIBLE_DEVICES=0,0:1")))
+    with pytest.raises(SpecError, match="GPU '3' is a MIG instance"):
+        classify(spec_with(("TGS_CLASS=opportunistic",), {"cdi.k8s.io/x": "nvidia.com/mig-1g.10gb=3"}))
     with pytest.raises(SpecError, match="GPU /dev/nvidia0 \\(with /dev/nvidia-caps/nvidia-cap21\\) is a MIG instance"):
         classify(spec_with(("TGS_CLASS=opportunistic", VOID), devices=CDI_MIG))
     with pytest.raises(SpecError, match="needs the annotation"):

@@ -83,7 +83,9 @@ def test_setup_containerd(tmp_path):
     text = conf.read_text()
     assert text.startswith("version = 2\n") and text.count("containerd.runtimes.tgs]") == 1
     import tomllib
-    tomllib.loads(text)
+    tgs_handler = tomllib.loads(text)["plugins"]["io.containerd.grpc.v1.cri"]["containerd"]["runtimes"]["tgs"]
+    # the device plugin's annotations for the NVIDIA runtime name the GPUs where containerd injects no CDI device
+    assert tgs_handler["container_annotations"] == ["tgs.class", "nvidia.cdi.k8s.io/*"]
 
 
 def test_doctor_passes_on_a_working_host_and_says_what_to_fix(docker, libshim, tmp_path):

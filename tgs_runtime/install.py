@@ -184,11 +184,13 @@ def write_daemon_json(path: Path, old: dict, new: dict) -> Path | None:
 def containerd_stanza(layout: Layout, config: Path) -> str:
     return f"""
 # TGS: a runtime handler for containerd's CRI (Kubernetes RuntimeClass handler "tgs").
-# The tgs.class annotation is passed through to the runtime.
+# The tgs.class annotation is passed through to the runtime, and the NVIDIA device plugin's
+# CDI annotations for the NVIDIA runtime (which name the pod's GPUs where containerd does
+# not inject CDI devices itself).
 [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.tgs]
   runtime_type = "io.containerd.runc.v2"
   pod_annotations = ["tgs.class"]
-  container_annotations = ["tgs.class"]
+  container_annotations = ["tgs.class", "nvidia.cdi.k8s.io/*"]
   [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.tgs.options]
     BinaryName = "{layout.runtime}"
     # containerd's runc shim passes no extra arguments: tgs-runtime reads {config} (or $TGS_CONFIG)

@@ -29,6 +29,7 @@ GPU_NODE = "/dev/nvidia{}"
 MIG_CAPS_DIR = "/dev/nvidia-caps/"  # a MIG instance's access nodes, beside its parent GPU's
 CDI_KIND = "nvidia.com/gpu"  # CDI's name for NVIDIA GPUs: nvidia.com/gpu=0, =GPU-<uuid>, =all
 CDI_ANNOTATIONS = ("cdi.k8s.io/", "nvidia.cdi.k8s.io/")  # the device plugin's, for containerd or the NVIDIA runtime
+CDI_VENDOR = "nvidia.com"  # the device plugin names its own kind: k8s.device-plugin.nvidia.com/gpu
 SANDBOX_ANNOTATIONS = {
     "io.kubernetes.cri.container-type": "sandbox",     # containerd CRI
     "io.kubernetes.docker.type": "podsandbox",         # dockershim
@@ -78,16 +79,21 @@ def _device_nodes(spec: Spec) -> list[dict]:
     return [d for d in ((spec.get("linux") or {}).get("devices") or []) if isinstance(d, dict)]
 
 
-def _cdi_annotated(spec: Spec) -> list[str]:
-    """The GPUs the device plugin asked CDI for in annotations (`nvidia.com/gpu=<name>`)."""
-    names = []
+def _cdi_annotated(spec: Spec) -> Gpus:
+    """The GPUs the device plugin asked CDI for in annotations: NVIDIA devices of class gpu
+    (nvidia.com/gpu=0, k8s.device-plugin.nvidia.com/gpu=GPU-<uuid>) or mig-* (instances)."""
+    names, mig = [], []
     for key, value in (spec.get("annotations") or {}).items():
-        if str(key).startswith(CDI_ANNOTATIONS):
-            for device in str(value).split(","):
-                kind, _, name = device.strip().partition("=")
-                if kind == CDI_KIND and name:
-                    names.append(name)
-    return list(dict.fromkeys(names))
+        if not str(key).startswith(CDI_ANNOTATIONS):
+            continue
+        for device in str(value).split(","):
+            kind, _, name = device.strip().partition("=")
+            vendor, _, cls = kind.partition("/")
+            if name and (vendor == CDI_VENDOR or vendor.endswith("." + CDI_VENDOR)) and (cls == "gpu" or cls.startswith("mig")):
+                names.append(name)
+                if cls != "gpu" or is_mig_instance(name):
+                    mig.append(name)
+    return Gpus(list(dict.fromkeys(names)), mig=f"GPU {mig[0]!r}" if mig else "")
 
 
 def gpus_of(spec: Spec) -> Gpus:
@@ -101,8 +107,9 @@ def gpus_of(spec: Spec) -> Gpus:
         return _named([posixpath.basename(d) for d in listed if posixpath.dirname(d) == DEVICE_LIST_DIR])
     if text not in NO_GPU:
         return _named([g.strip() for g in text.split(",") if g.strip() not in NO_GPU])
-    if annotated := _cdi_annotated(spec):
-        return _named(annotated)
+    annotated = _cdi_annotated(spec)
+    if annotated.names:
+        return annotated
     nodes = _device_nodes(spec)
     names = list(dict.fromkeys(GPU_NODE.format(d["minor"]) for d in nodes if d.get("type") == "c"
                                and d.get("major") == GPU_MAJOR and d.get("minor") in GPU_MINORS))

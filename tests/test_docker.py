@@ -99,19 +99,34 @@ def test_docker_gpus_flag_gives_a_tgs_container_its_gpu(docker, gpus, visible):
 
 @pytest.mark.parametrize("asked", ["TGS_CLASS", "default_class"])
 def test_a_gpu_device_node_gives_a_tgs_container_its_gpu(docker, simgpu, tmp_path, asked):
-    """The GPU as a device node in the spec, as CDI (docker 25+ --device nvidia.com/gpu=0,
-    containerd, CRI-O) and docker run --device give it: a node of the NVIDIA driver's major,
-    made here, stands in for GPU 0's /dev/nvidia0."""
-    node = tmp_path / "nvidia0"
-    os.mknod(node, 0o666 | stat.S_IFCHR, os.makedev(195, 0))
+    """The GPU as a device node in the spec beside NVIDIA_VISIBLE_DEVICES=void, as CDI gives
+    it (docker 25+ --device nvidia.com/gpu=0, containerd, CRI-O): a node of the NVIDIA
+    driver's major, made here, stands in for GPU 0's /dev/nvidia0."""
+    node = _gpu_node(tmp_path)
     d, t = docker('[runtime]\ndefault_class = "opportunistic"\n' if asked == "default_class" else "")
-    env = ["-e", "TGS_CLASS=opportunistic", "-e", "NVIDIA_VISIBLE_DEVICES=void"] if asked == "TGS_CLASS" else []
-    out = d.docker(*run_args("--device", f"{node}:/dev/nvidia0", *env, IMAGE), "sh", "-c",
-                   "cat /etc/hostname; echo $TGS_CLASS; stat -c %t:%T /dev/nvidia0; maps")
+    env = ["-e", "TGS_CLASS=opportunistic"] if asked == "TGS_CLASS" else []
+    out = d.docker(*run_args("--device", f"{node}:/dev/nvidia0", "-e", "NVIDIA_VISIBLE_DEVICES=void", *env, IMAGE),
+                   "sh", "-c", "cat /etc/hostname; echo $TGS_CLASS; stat -c %t:%T /dev/nvidia0; maps")
     host, cls, numbers = out.stdout.split()[:3]
     assert (cls, numbers) == ("opportunistic", "c3:0") and "/usr/lib/tgs/libtgs.so" in out.stdout
     reserved = [e for e in t.events() if e.get("event") == "container reserved" and e["container"].startswith(host)]
     assert len(reserved) == 1 and reserved[0]["cls"] == "opportunistic" and reserved[0]["gpus"] == simgpu.uuids()
+
+
+def test_a_default_class_leaves_a_bare_gpu_node_alone(docker, tmp_path):
+    """`docker run --device /dev/nvidia0` alone, as in a privileged container (every node of
+    the host): no GPU request for the default class, so the container is untouched."""
+    node = _gpu_node(tmp_path)
+    d, t = docker('[runtime]\ndefault_class = "opportunistic"\n')
+    out = d.docker(*run_args("--device", f"{node}:/dev/nvidia0", IMAGE), "sh", "-c", "echo class=$TGS_CLASS; maps")
+    assert out.stdout.splitlines()[0] == "class=" and "libtgs" not in out.stdout
+    assert t.status()["gpus"][0]["containers"] == []
+
+
+def _gpu_node(tmp_path):
+    node = tmp_path / "nvidia0"
+    os.mknod(node, 0o666 | stat.S_IFCHR, os.makedev(195, 0))
+    return node
 
 
 def test_docker_kill_deregisters(docker):

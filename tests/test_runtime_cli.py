@@ -80,26 +80,42 @@ def two_gpus(simgpu):
 
 CDI_WAYS = {  # the environment, device nodes and annotations of a container given GPU 1 by CDI
     "asked, CDI device nodes": (["NVIDIA_VISIBLE_DEVICES=void", "TGS_CLASS=opportunistic"], cdi_nodes(1), {}),
-    "default class, docker --device": ([], cdi_nodes(1), {}),
+    "default class, CDI device nodes": (["NVIDIA_VISIBLE_DEVICES=void"], cdi_nodes(1), {}),
     "default class, the device plugin's CDI annotation": (
         [], [], {"nvidia.cdi.k8s.io/nvidia-device-plugin_1": "nvidia.com/gpu=1"}),
 }
 
 
+def _default_class(d) -> None:
+    d.config.write_text(d.config.read_text().replace("[runtime]\n", "[runtime]\ndefault_class = \"opportunistic\"\n", 1))
+
+
 @pytest.mark.parametrize("way", CDI_WAYS)
 def test_a_gpu_given_by_cdi_is_the_containers_gpu(two_gpus, rt, way):
-    """With CDI, the GPU is a device node in the spec or a CDI device in an annotation, not
-    NVIDIA_VISIBLE_DEVICES (CDI sets it to void): TGS takes it from either (a node by its
-    minor number). With a default class, so does the launcher's look."""
+    """With CDI, the GPU is a device node in the spec (NVIDIA_VISIBLE_DEVICES set to void) or
+    a CDI device in an annotation: TGS takes it from either (a node by its minor number).
+    With a default class, so does the launcher's look."""
     run, d, bundle = rt
     env, devices, annotations = CDI_WAYS[way]
-    if not env:
-        d.config.write_text(d.config.read_text().replace("[runtime]\n", "[runtime]\ndefault_class = \"opportunistic\"\n", 1))
+    if "TGS_CLASS=opportunistic" not in env:
+        _default_class(d)
     _set_env(bundle, *env, devices=devices, annotations=annotations)
     p = run("create", "--bundle", str(bundle), CONTAINER_ID)
     assert p.returncode == 0, p.stderr
     assert d.container(CONTAINER_ID, gpu=1)["class"] == "opportunistic" and d.container(CONTAINER_ID, gpu=0) is None
     assert "/run/tgs" in [m["destination"] for m in json.loads((bundle / "config.json").read_text())["mounts"]]
+
+
+def test_a_default_class_leaves_a_container_with_every_gpu_node_but_no_gpu_request_alone(two_gpus, rt):
+    """A privileged container has every device node of the host, the GPUs' among them, and
+    no NVIDIA_VISIBLE_DEVICES: a node without CDI's void is no GPU job for the default class."""
+    run, d, bundle = rt
+    _default_class(d)
+    before = _set_env(bundle, devices=[*cdi_nodes(0), *cdi_nodes(1), ("/dev/sda", 8, 0)])
+    p = run("create", "--bundle", str(bundle), CONTAINER_ID)
+    assert p.returncode == 0 and p.lower_args[-1] == CONTAINER_ID
+    assert (bundle / "config.json").read_text() == before
+    assert all(g["containers"] == [] for g in d.status()["gpus"])
 
 
 def test_create_of_a_tgs_container_reserves_and_edits(rt):

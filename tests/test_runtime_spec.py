@@ -116,6 +116,8 @@ CLASSIFY = [
     (("TGS_CLASS=production",), None, "", Request("production", ["/dev/nvidia3"]),
      [node("/dev/nvidia0", 195, 3)]),  # docker run --device /dev/nvidia3:/dev/nvidia0: the node is GPU 3's
     ((VOID,), None, "opportunistic", None, CDI_GPU1[1:]),  # the driver's other nodes are not a GPU
+    # without CDI's void, nodes are no GPU request (a privileged container has every node of the host)
+    ((), None, "opportunistic", None, CDI_GPU1),
     ((VOID,), None, "opportunistic", None, CDI_MIG),
     # NVIDIA_VISIBLE_DEVICES, when it names GPUs, is what the NVIDIA runtime acts on
     (("TGS_CLASS=production", "NVIDIA_VISIBLE_DEVICES=0"), None, "", Request("production", ["0"]), CDI_GPU1),

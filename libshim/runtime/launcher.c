@@ -6,9 +6,9 @@
  * runtime from the config file's [runtime] lower_runtime, and execs it with the same
  * arguments. For `create`/`run` it looks at the bundle's config.json: when it mentions
  * TGS_CLASS, the tgs.class annotation, or (with a [runtime] default_class) a GPU (in
- * NVIDIA_VISIBLE_DEVICES, as a /dev/nvidia* device node or a CDI device), it asks
- * tgsd (admin operation `create`) to decide exactly and, for a container that asks for
- * TGS, to reserve it and edit its spec; then it execs the lower runtime, or reports
+ * NVIDIA_VISIBLE_DEVICES, which CDI sets to void beside the nodes it adds, or as a CDI
+ * device in an annotation), it asks tgsd (admin operation `create`) to decide exactly
+ * and, for a container that asks for TGS, to reserve it and edit its spec; then it execs the lower runtime, or reports
  * tgsd's refusal. That look is only a filter: tgsd makes the real decision. When tgsd
  * cannot be asked, it execs tgs-runtime-create (the Python part, next to this binary),
  * which decides the same way and says clearly why a TGS container cannot start, while
@@ -213,7 +213,6 @@ int main(int argc, char **argv) {
         int readable = spec != NULL;
         int wanted = readable && (strstr(spec, "TGS_CLASS=") || strstr(spec, "\"tgs.class\"") ||
                                   (default_class[0] && (strstr(spec, "NVIDIA_VISIBLE_DEVICES=") ||
-                                                        strstr(spec, "\"/dev/nvidia") ||
                                                         strstr(spec, "nvidia.com/gpu="))));
         free(spec);
         if ((wanted || !readable) && tgsd_create(state_dir, container_id, bundle, tgs_config, named))

@@ -21,7 +21,8 @@ PRELOAD = "/etc/ld.so.preload"
 CLASS_ANNOTATION = "tgs.class"
 CLASS_ENV = "TGS_CLASS"
 GPU_ENV = "NVIDIA_VISIBLE_DEVICES"
-NO_GPU = ("", "void", "none")  # NVIDIA_VISIBLE_DEVICES values that name no GPU (CDI sets void)
+NO_GPU = ("", "void", "none")  # NVIDIA_VISIBLE_DEVICES values that name no GPU
+CDI_MARK = "void"  # what CDI sets NVIDIA_VISIBLE_DEVICES to, beside the device nodes it adds
 DEVICE_LIST_DIR = "/var/run/nvidia-container-devices"  # the device plugin's volume-mounts strategy
 GPU_MAJOR = 195            # the NVIDIA driver's character devices: /dev/nvidiaN is minor N,
 GPU_MINORS = range(254)    # 254 and 255 are nvidia-modeset and nvidiactl
@@ -96,11 +97,13 @@ def _cdi_annotated(spec: Spec) -> Gpus:
     return Gpus(list(dict.fromkeys(names)), mig=f"GPU {mig[0]!r}" if mig else "")
 
 
-def gpus_of(spec: Spec) -> Gpus:
+def gpus_of(spec: Spec, asked: bool = True) -> Gpus:
     """NVIDIA_VISIBLE_DEVICES, as the NVIDIA runtime (or docker's --gpus) reads it; the
     device plugin's list of mounts where it points there. Where it names no GPU (CDI sets it
     to void: docker --device nvidia.com/gpu=0, containerd or CRI-O with CDI), the CDI
-    devices the device plugin annotated, else the GPU device nodes in the spec itself."""
+    devices the device plugin annotated, else the GPU device nodes in the spec itself: for
+    a container that did not ask for TGS, only beside CDI's void (a privileged container
+    has every device node of the host, and is no GPU job for that)."""
     text = (env_value(spec, GPU_ENV) or "").strip()
     if text.rstrip("/") == DEVICE_LIST_DIR:
         listed = [str(m.get("destination", "")).rstrip("/") for m in spec.get("mounts") or [] if isinstance(m, dict)]
@@ -108,7 +111,7 @@ def gpus_of(spec: Spec) -> Gpus:
     if text not in NO_GPU:
         return _named([g.strip() for g in text.split(",") if g.strip() not in NO_GPU])
     annotated = _cdi_annotated(spec)
-    if annotated.names:
+    if annotated.names or not (asked or text == CDI_MARK):
         return annotated
     nodes = _device_nodes(spec)
     names = list(dict.fromkeys(GPU_NODE.format(d["minor"]) for d in nodes if d.get("type") == "c"
@@ -141,8 +144,8 @@ def classify(spec: Spec, default_class: str = "", production_policy: str = "any"
         return None
     annotation = (spec.get("annotations") or {}).get(CLASS_ANNOTATION)
     env = env_value(spec, CLASS_ENV)
-    gpus = gpus_of(spec)
     cls = (annotation or env or "").strip().lower()
+    gpus = gpus_of(spec, asked=bool(cls))
     source = "annotation tgs.class" if annotation else f"{CLASS_ENV}"
     if not cls:  # MIG instances are isolated already: the default class leaves their containers alone
         if not default_class or not gpus.names or gpus.mig:

@@ -132,6 +132,11 @@ CLASSIFY = [
     ((VOID,), {"nvidia.cdi.k8s.io/nvidia-device-plugin_9f43": "k8s.device-plugin.nvidia.com/gpu=GPU-6550"},
      "opportunistic", Request("opportunistic", ["GPU-6550"])),  # the device plugin's own CDI kind
     ((), {"cdi.k8s.io/fpga": "example.com/fpga=0"}, "opportunistic", None),
+    ((), {"cdi.k8s.io/x": "nvidia.com/gpu=gpu1,nvidia.com/gpu=gpu1"}, "opportunistic",
+     Request("opportunistic", ["1"])),  # the names of toolkits before 1.14
+    ((), {"cdi.k8s.io/x": "nvidia.com/gpu=mig1:0"}, "opportunistic", None),
+    # the NVIDIA runtime in CDI mode takes CDI names in NVIDIA_VISIBLE_DEVICES too
+    (("TGS_CLASS=production", "NVIDIA_VISIBLE_DEVICES=nvidia.com/gpu=all"), None, "", Request("production", ["all"])),
     ((), {"cdi.k8s.io/nvidia-device-plugin_0a1b": "nvidia.com/gpu=0:1"}, "opportunistic", None),
     ((), {"cdi.k8s.io/nvidia-device-plugin_0a1b": "k8s.device-plugin.nvidia.com/mig-1g.10gb=MIG-4f8c"},
      "opportunistic", None),

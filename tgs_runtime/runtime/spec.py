@@ -80,21 +80,30 @@ def _device_nodes(spec: Spec) -> list[dict]:
     return [d for d in ((spec.get("linux") or {}).get("devices") or []) if isinstance(d, dict)]
 
 
-def _cdi_annotated(spec: Spec) -> Gpus:
-    """The GPUs the device plugin asked CDI for in annotations: NVIDIA devices of class gpu
-    (nvidia.com/gpu=0, k8s.device-plugin.nvidia.com/gpu=GPU-<uuid>) or mig-* (instances)."""
-    names, mig = [], []
-    for key, value in (spec.get("annotations") or {}).items():
-        if not str(key).startswith(CDI_ANNOTATIONS):
-            continue
-        for device in str(value).split(","):
-            kind, _, name = device.strip().partition("=")
-            vendor, _, cls = kind.partition("/")
-            if name and (vendor == CDI_VENDOR or vendor.endswith("." + CDI_VENDOR)) and (cls == "gpu" or cls.startswith("mig")):
-                names.append(name)
-                if cls != "gpu" or is_mig_instance(name):
-                    mig.append(name)
-    return Gpus(list(dict.fromkeys(names)), mig=f"GPU {mig[0]!r}" if mig else "")
+def _cdi_annotated(spec: Spec) -> list[str]:
+    """The devices the device plugin asked CDI for in annotations (kind=name, comma-separated)."""
+    return [device for key, value in (spec.get("annotations") or {}).items() if str(key).startswith(CDI_ANNOTATIONS)
+            for device in str(value).split(",")]
+
+
+def _gpu_name(entry: str) -> tuple[str, bool] | None:
+    """A GPU as reserve names it, and whether it is a MIG instance, from a name as
+    NVIDIA_VISIBLE_DEVICES gives it or a CDI device's fully qualified name (`nvidia.com/gpu=0`,
+    the device plugin's `k8s.device-plugin.nvidia.com/gpu=GPU-<uuid>`, toolkits before 1.14
+    `nvidia.com/gpu=gpu0` and `=mig0:1`); None for no GPU or another vendor's device."""
+    entry = entry.strip()
+    if "=" not in entry:
+        return None if entry in NO_GPU else (entry, is_mig_instance(entry))
+    kind, _, name = entry.partition("=")
+    vendor, _, cls = kind.partition("/")
+    if not name or not (vendor == CDI_VENDOR or vendor.endswith("." + CDI_VENDOR)):
+        return None
+    if cls != "gpu" and not cls.startswith("mig"):
+        return None
+    for old in ("gpu", "mig"):  # the names of toolkits before 1.14
+        if name.startswith(old) and name[len(old):len(old) + 1].isdigit():
+            name = name[len(old):]
+    return name, cls != "gpu" or is_mig_instance(name)
 
 
 def gpus_of(spec: Spec, asked: bool = True) -> Gpus:
@@ -109,8 +118,8 @@ def gpus_of(spec: Spec, asked: bool = True) -> Gpus:
         listed = [str(m.get("destination", "")).rstrip("/") for m in spec.get("mounts") or [] if isinstance(m, dict)]
         return _named([posixpath.basename(d) for d in listed if posixpath.dirname(d) == DEVICE_LIST_DIR])
     if text not in NO_GPU:
-        return _named([g.strip() for g in text.split(",") if g.strip() not in NO_GPU])
-    annotated = _cdi_annotated(spec)
+        return _named(text.split(","))
+    annotated = _named(_cdi_annotated(spec))
     if annotated.names or not (asked or text == CDI_MARK):
         return annotated
     nodes = _device_nodes(spec)
@@ -120,9 +129,10 @@ def gpus_of(spec: Spec, asked: bool = True) -> Gpus:
     return Gpus(names, mig=f"GPU {', '.join(names)} (with {caps[0]})" if names and caps else "")
 
 
-def _named(names: list[str]) -> Gpus:
-    mig = [g for g in names if is_mig_instance(g)]
-    return Gpus(names, mig=f"GPU {mig[0]!r}" if mig else "")
+def _named(entries: list[str]) -> Gpus:
+    gpus = [g for g in map(_gpu_name, entries) if g]
+    mig = [name for name, is_mig in gpus if is_mig]
+    return Gpus(list(dict.fromkeys(name for name, _ in gpus)), mig=f"GPU {mig[0]!r}" if mig else "")
 
 
 def is_sandbox(spec: Spec) -> bool:

@@ -134,3 +134,17 @@ def test_how_tgs_containers_get_their_gpus_on_a_real_host(tmp_path, monkeypatch,
     monkeypatch.setenv("PATH", str(tmp_path))
     access = GpuAccess.of(lower, cdi_dirs=[tmp_path / "missing", tmp_path / "cdi"])
     assert access.route == Route[route] and words in access.describe()
+
+
+def test_a_cdi_spec_from_before_a_driver_upgrade_is_seen(tmp_path):
+    """`tgs doctor` fails a CDI spec whose driver libraries are not the running driver's."""
+    from tgs_runtime.runtime.gpu_access import cdi_driver_versions
+
+    spec = tmp_path / "nvidia.yaml"
+    spec.write_text("cdiVersion: 0.5.0\nkind: nvidia.com/gpu\ncontainerEdits:\n  mounts:\n"
+                    "  - hostPath: /usr/lib/x86_64-linux-gnu/libcuda.so.580.95.05\n"
+                    "    containerPath: /usr/lib/x86_64-linux-gnu/libcuda.so.580.95.05\n"
+                    "  - hostPath: /usr/lib/x86_64-linux-gnu/libnvidia-ml.so.580.95.05\n")
+    assert cdi_driver_versions(spec) == {"580.95.05"}
+    spec.write_text("cdiVersion: 0.5.0\nkind: nvidia.com/gpu\n")
+    assert cdi_driver_versions(spec) == set() and cdi_driver_versions(tmp_path / "gone.yaml") == set()

@@ -121,6 +121,12 @@ def doctor_cmd(config_path: Path | None, daemon_json: Path) -> None:
                     r.fail(access.describe(), gpu_access.FIX)
                 else:
                     r.ok(access.describe())
+                stale = access.cdi and gpu_access.cdi_driver_versions(access.cdi) - {driver}
+                if stale:
+                    r.fail(f"the CDI spec {access.cdi} mounts the libraries of driver {', '.join(sorted(stale))}, "
+                           f"but the driver is {driver}: containers given a GPU by CDI would not start",
+                           f"nvidia-ctk cdi generate --output={access.cdi} (or enable the toolkit's "
+                           "nvidia-cdi-refresh service, 1.18 and later)")
         else:
             r.fail("NVML does not answer: no NVIDIA driver here", "install the NVIDIA driver, or enable [sim] "
                    "to try TGS on simgpu")

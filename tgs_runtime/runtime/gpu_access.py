@@ -7,6 +7,7 @@ the toolkit wrote. On simgpu tgs-runtime mounts the simulated driver itself, and
 applies. Used by `tgs doctor` and `tgs demo`."""
 from __future__ import annotations
 
+import re
 import shutil
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -42,6 +43,16 @@ def cdi_spec(dirs: Iterable[Path] = CDI_DIRS) -> Path | None:
             except OSError:
                 continue
     return None
+
+
+def cdi_driver_versions(spec: Path) -> set[str]:
+    """The driver versions whose libraries a CDI spec mounts (libcuda.so.<version>): a spec
+    generated before a driver upgrade names the old one, and every container given a GPU
+    by it fails to start."""
+    try:
+        return set(re.findall(r"libcuda\.so\.(\d+(?:\.\d+)+)", spec.read_text(errors="replace")))
+    except OSError:
+        return set()
 
 
 @dataclass(frozen=True)

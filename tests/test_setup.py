@@ -148,3 +148,23 @@ def test_a_cdi_spec_from_before_a_driver_upgrade_is_seen(tmp_path):
     assert cdi_driver_versions(spec) == {"580.95.05"}
     spec.write_text("cdiVersion: 0.5.0\nkind: nvidia.com/gpu\n")
     assert cdi_driver_versions(spec) == set() and cdi_driver_versions(tmp_path / "gone.yaml") == set()
+
+
+@pytest.mark.parametrize("libcuda,stale", [("580.95.05", True), (None, False)])
+def test_doctor_on_a_gpu_host_with_cdi(tmp_path, simgpu, libcuda, stale):
+    """doctor's checks of a real GPU host, against simgpu's NVML (its driver reads
+    simgpu-13.0): the CDI route, and a spec mounting another driver's libraries."""
+    cdi = tmp_path / "cdi"
+    cdi.mkdir()
+    mounts = f"containerEdits:\n  mounts:\n  - hostPath: /usr/lib/libcuda.so.{libcuda}\n" if libcuda else ""
+    (cdi / "nvidia.yaml").write_text(f"cdiVersion: 0.5.0\nkind: nvidia.com/gpu\n{mounts}")
+    config = tmp_path / "tgs.toml"
+    config.write_text(f"[runtime]\nlower_runtime = [\"runc\"]\n[daemon]\nstate_dir = \"{tmp_path}/state\"\n")
+    env = simgpu.env(extra={"PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"})
+    out = tgs("doctor", "--config", str(config), "--daemon-json", str(tmp_path / "none.json"),
+              "--cdi-spec-dir", str(tmp_path / "missing"), "--cdi-spec-dir", str(cdi), env=env)
+    assert "ok    GPU backend: NVML, driver simgpu-13.0" in out.stdout, out.stdout + out.stderr
+    assert f"they get GPUs as CDI devices ({cdi}/nvidia.yaml)" in out.stdout
+    message = (f"FAIL  the CDI spec {cdi}/nvidia.yaml mounts the libraries of driver 580.95.05, but the driver is "
+               "simgpu-13.0")
+    assert (message in out.stdout) == stale

@@ -29,7 +29,10 @@ class Report:
 @click.option("--config", "config_path", type=click.Path(dir_okay=False, path_type=Path), help="The TGS config.")
 @click.option("--daemon-json", type=click.Path(dir_okay=False, path_type=Path), default=install.DAEMON_JSON,
               show_default=True)
-def doctor_cmd(config_path: Path | None, daemon_json: Path) -> None:
+@click.option("--cdi-spec-dir", "cdi_dirs", multiple=True, type=click.Path(file_okay=False, path_type=Path),
+              default=gpu_access.CDI_DIRS, show_default=True,
+              help="Where the container engine reads CDI specs (repeat for each).")
+def doctor_cmd(config_path: Path | None, daemon_json: Path, cdi_dirs: tuple[Path, ...]) -> None:
     """Check the config, libtgs.so, tgs-hook, the lower runtime, tgsd, docker, the GPUs and how
     TGS containers get them."""
     r = Report()
@@ -116,16 +119,17 @@ def doctor_cmd(config_path: Path | None, daemon_json: Path) -> None:
             count, driver = json.loads(probe.stdout)
             r.ok(f"GPU backend: NVML, driver {driver}, {count} GPU(s)")
             if lower:
-                access = gpu_access.GpuAccess.of(lower)
+                access = gpu_access.GpuAccess.of(lower, cdi_dirs)
                 if access.route == gpu_access.Route.NONE:
                     r.fail(access.describe(), gpu_access.FIX)
                 else:
                     r.ok(access.describe())
-                stale = access.cdi and gpu_access.cdi_driver_versions(access.cdi) - {driver}
+                cdi = access.cdi or gpu_access.cdi_spec(cdi_dirs)  # whichever route comes first, CDI may be used too
+                stale = cdi and gpu_access.cdi_driver_versions(cdi) - {driver}
                 if stale:
-                    r.fail(f"the CDI spec {access.cdi} mounts the libraries of driver {', '.join(sorted(stale))}, "
+                    r.fail(f"the CDI spec {cdi} mounts the libraries of driver {', '.join(sorted(stale))}, "
                            f"but the driver is {driver}: containers given a GPU by CDI would not start",
-                           f"nvidia-ctk cdi generate --output={access.cdi} (or enable the toolkit's "
+                           f"nvidia-ctk cdi generate --output={cdi} (or enable the toolkit's "
                            "nvidia-cdi-refresh service, 1.18 and later)")
         else:
             r.fail("NVML does not answer: no NVIDIA driver here", "install the NVIDIA driver, or enable [sim] "

@@ -84,4 +84,4 @@ class GpuAccess:
                     "NVIDIA_VISIBLE_DEVICES alone")
         return (f"TGS containers would not see the GPU: their lower runtime is {self.lower}, neither "
                 f"{NVIDIA_RUNTIME} nor {NVIDIA_HOOK} (for docker run --gpus) is installed, and no CDI spec "
-                f"defines {CDI_KIND} (in {', '.join(str(d) for d in CDI_DIRS)})")
+                f"defines {CDI_KIND}")

@@ -3,10 +3,10 @@ its class, set up by the tgs runtime and the tgsd it talks to, as an operator's 
 
 Used when a docker daemon answers and has the tgs runtime, that runtime's tgsd answers,
 and there is a GPU for it: a real one its containers can reach (through the NVIDIA runtime,
-or docker's --gpus, which the containers then ask for: runtime/gpu_access.py), or simgpu
-when the runtime's config enables [sim]. `find` says which, or in one line why not. The
-image holds tgs-workload and the libraries it needs, made from this machine's files (no
-registry is needed)."""
+or docker's --gpus or a CDI device, which the containers then ask for:
+runtime/gpu_access.py), or simgpu when the runtime's config enables [sim]. `find` says
+which, or in one line why not. The image holds tgs-workload and the libraries it needs,
+made from this machine's files (no registry is needed)."""
 from __future__ import annotations
 
 import hashlib

@@ -8,11 +8,11 @@
  * TGS_CLASS, the tgs.class annotation, or (with a [runtime] default_class) a GPU (in
  * NVIDIA_VISIBLE_DEVICES, which CDI sets to void beside the nodes it adds, or as a CDI
  * device in an annotation), it asks tgsd (admin operation `create`) to decide exactly
- * and, for a container that asks for TGS, to reserve it and edit its spec; then it execs the lower runtime, or reports
- * tgsd's refusal. That look is only a filter: tgsd makes the real decision. When tgsd
- * cannot be asked, it execs tgs-runtime-create (the Python part, next to this binary),
- * which decides the same way and says clearly why a TGS container cannot start, while
- * anything else still starts.
+ * and, for a container that asks for TGS, to reserve it and edit its spec; then it
+ * execs the lower runtime, or reports tgsd's refusal. That look is only a filter: tgsd
+ * makes the real decision. When tgsd cannot be asked, it execs tgs-runtime-create (the
+ * Python part, next to this binary), which decides the same way and says clearly why a
+ * TGS container cannot start, while anything else still starts.
  *
  * It never writes to stdout, and a failure to exec is reported on stderr and, as runc
  * does, as a JSON line in the --log file the containerd shim reads. */

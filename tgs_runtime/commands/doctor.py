@@ -124,12 +124,12 @@ def doctor_cmd(config_path: Path | None, daemon_json: Path, cdi_dirs: tuple[Path
                     r.fail(access.describe(), gpu_access.FIX)
                 else:
                     r.ok(access.describe())
-                cdi = access.cdi or gpu_access.cdi_spec(cdi_dirs)  # whichever route comes first, CDI may be used too
-                stale = cdi and gpu_access.cdi_driver_versions(cdi) - {driver}
+                # whichever route comes first, containers may be given GPUs by CDI too
+                stale = access.cdi and gpu_access.cdi_driver_versions(access.cdi) - {driver}
                 if stale:
-                    r.fail(f"the CDI spec {cdi} mounts the libraries of driver {', '.join(sorted(stale))}, "
+                    r.fail(f"the CDI spec {access.cdi} mounts the libraries of driver {', '.join(sorted(stale))}, "
                            f"but the driver is {driver}: containers given a GPU by CDI would not start",
-                           f"nvidia-ctk cdi generate --output={cdi} (or enable the toolkit's "
+                           f"nvidia-ctk cdi generate --output={access.cdi} (or enable the toolkit's "
                            "nvidia-cdi-refresh service, 1.18 and later)")
         else:
             r.fail("NVML does not answer: no NVIDIA driver here", "install the NVIDIA driver, or enable [sim] "

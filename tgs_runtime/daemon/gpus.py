@@ -79,12 +79,12 @@ class GpuInventory:
             if i < len(self.gpus):
                 return self.gpus[i]
             raise GpuError(f"GPU {spec}: this host has {len(self.gpus)} GPU(s) (indexes 0 to {len(self.gpus) - 1})")
-        node = [g for g in self.gpus if g.minor is not None and GPU_NODE.format(g.minor) == spec]
-        if node:
-            return node[0]
         if spec.startswith(GPU_NODE.format("")):
-            known = ", ".join(GPU_NODE.format(g.minor) for g in self.gpus if g.minor is not None) or "none"
-            raise GpuError(f"GPU device {spec}: no GPU on this host has that device node (known: {known})")
+            nodes = {GPU_NODE.format(g.minor): g for g in self.gpus if g.minor is not None}
+            if spec in nodes:
+                return nodes[spec]
+            raise GpuError(f"GPU device {spec}: no GPU on this host has that device node "
+                           f"(known: {', '.join(nodes) or 'none'})")
         if is_mig_instance(spec):
             raise GpuError(mig_refusal(f"GPU {spec!r}"))
         matches = [g for g in self.gpus if g.uuid.startswith(spec)] if spec.startswith("GPU-") else []

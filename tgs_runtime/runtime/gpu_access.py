@@ -64,12 +64,12 @@ class GpuAccess:
 
     @classmethod
     def of(cls, lower: str, cdi_dirs: Iterable[Path] = CDI_DIRS) -> "GpuAccess":
+        spec = cdi_spec(cdi_dirs)  # a route of its own, and usable beside the others
         if Path(lower).name.startswith(NVIDIA_RUNTIME):
-            return cls(Route.NVIDIA_RUNTIME, lower)
+            return cls(Route.NVIDIA_RUNTIME, lower, cdi=spec)
         hook = shutil.which(NVIDIA_HOOK)
         if hook:
-            return cls(Route.GPUS_FLAG, lower, hook)
-        spec = cdi_spec(cdi_dirs)
+            return cls(Route.GPUS_FLAG, lower, hook, spec)
         return cls(Route.CDI if spec else Route.NONE, lower, cdi=spec)
 
     def describe(self) -> str:

@@ -28,9 +28,9 @@ GPU_MAJOR = 195            # the NVIDIA driver's character devices: /dev/nvidiaN
 GPU_MINORS = range(254)    # 254 and 255 are nvidia-modeset and nvidiactl
 GPU_NODE = "/dev/nvidia{}"
 MIG_CAPS_DIR = "/dev/nvidia-caps/"  # a MIG instance's access nodes, beside its parent GPU's
-CDI_KIND = "nvidia.com/gpu"  # CDI's name for NVIDIA GPUs: nvidia.com/gpu=0, =GPU-<uuid>, =all
-CDI_ANNOTATIONS = ("cdi.k8s.io/", "nvidia.cdi.k8s.io/")  # the device plugin's, for containerd or the NVIDIA runtime
 CDI_VENDOR = "nvidia.com"  # the device plugin names its own kind: k8s.device-plugin.nvidia.com/gpu
+CDI_KIND = f"{CDI_VENDOR}/gpu"  # CDI's name for NVIDIA GPUs: nvidia.com/gpu=0, =GPU-<uuid>, =all
+CDI_ANNOTATIONS = ("cdi.k8s.io/", "nvidia.cdi.k8s.io/")  # the device plugin's, for containerd or the NVIDIA runtime
 SANDBOX_ANNOTATIONS = {
     "io.kubernetes.cri.container-type": "sandbox",     # containerd CRI
     "io.kubernetes.docker.type": "podsandbox",         # dockershim

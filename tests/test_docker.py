@@ -2,14 +2,14 @@
 from __future__ import annotations
 
 import json
-import os
-import stat
 import time
 
 import pytest
 
-from tgs_runtime.privatedocker import IMAGE, PRELOAD_IMAGE
+from harness.hostgpu import HostGpu, gpu_node, share_one_gpu_through_docker
 from tgs_runtime import sim
+from tgs_runtime.childd import own_config
+from tgs_runtime.privatedocker import IMAGE, PRELOAD_IMAGE
 from tgs_runtime.workload import Workload, summary
 
 pytestmark = pytest.mark.docker
@@ -102,7 +102,7 @@ def test_a_gpu_device_node_gives_a_tgs_container_its_gpu(docker, simgpu, tmp_pat
     """The GPU as a device node in the spec beside NVIDIA_VISIBLE_DEVICES=void, as CDI gives
     it (docker 25+ --device nvidia.com/gpu=0, containerd, CRI-O): a node of the NVIDIA
     driver's major, made here, stands in for GPU 0's /dev/nvidia0."""
-    node = _gpu_node(tmp_path)
+    node = gpu_node(tmp_path)
     d, t = docker('[runtime]\ndefault_class = "opportunistic"\n' if asked == "default_class" else "")
     env = ["-e", "TGS_CLASS=opportunistic"] if asked == "TGS_CLASS" else []
     out = d.docker(*run_args("--device", f"{node}:/dev/nvidia0", "-e", "NVIDIA_VISIBLE_DEVICES=void", *env, IMAGE),
@@ -116,17 +116,19 @@ def test_a_gpu_device_node_gives_a_tgs_container_its_gpu(docker, simgpu, tmp_pat
 def test_a_default_class_leaves_a_bare_gpu_node_alone(docker, tmp_path):
     """`docker run --device /dev/nvidia0` alone, as in a privileged container (every node of
     the host): no GPU request for the default class, so the container is untouched."""
-    node = _gpu_node(tmp_path)
+    node = gpu_node(tmp_path)
     d, t = docker('[runtime]\ndefault_class = "opportunistic"\n')
     out = d.docker(*run_args("--device", f"{node}:/dev/nvidia0", IMAGE), "sh", "-c", "echo class=$TGS_CLASS; maps")
     assert out.stdout.splitlines()[0] == "class=" and "libtgs" not in out.stdout
     assert t.status()["gpus"][0]["containers"] == []
 
 
-def _gpu_node(tmp_path):
-    node = tmp_path / "nvidia0"
-    os.mknod(node, 0o666 | stat.S_IFCHR, os.makedev(195, 0))
-    return node
+def test_containers_given_a_gpu_as_cdi_gives_it_share_it(simgpu, libshim, c_programs, tmp_path):
+    """The body of test_docker_runs_tgs_containers_on_a_real_gpu (test_real_gpu.py), on
+    simgpu: a GPU node with the driver's library mounted beside NVIDIA_VISIBLE_DEVICES=void,
+    a production and an opportunistic container sharing it through a private dockerd."""
+    config = own_config(sim.SimSettings(state=simgpu.state))
+    share_one_gpu_through_docker(HostGpu.simulated(simgpu, tmp_path), config, libshim, c_programs("maps.c"), tmp_path)
 
 
 def test_docker_kill_deregisters(docker):

@@ -1,12 +1,15 @@
-"""The workload against the real driver. Needs an NVIDIA GPU: skipped, saying so, without one."""
+"""The workload, the MPS baseline and TGS containers through docker against the real driver.
+Needs an NVIDIA GPU: skipped, saying so, without one."""
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import time
 
 import pytest
 
+from harness.hostgpu import HostGpu, share_one_gpu_through_docker
 from tgs_runtime.sim import real_gpu_reason
 from tgs_runtime.workload import Workload, summary
 
@@ -47,3 +50,18 @@ def test_the_mps_baseline_serves_a_limited_low_priority_client_and_goes_away(lib
     assert summary(out).checksum_ok is True
     assert servers, "the workload ran, but not through the private MPS server"
     assert daemon.poll() is not None, "the MPS control daemon outlived the baseline"
+
+
+@pytest.mark.gpu
+@pytest.mark.docker
+@pytest.mark.skipif(real_gpu_reason() is not None, reason=str(real_gpu_reason()))
+def test_docker_runs_tgs_containers_on_a_real_gpu(libshim, c_programs, tmp_path):
+    """`docker run --runtime=tgs` on the real GPU: real dockerd and runc, libtgs.so over the
+    real driver in the containers, tgsd on the real NVML (its unified memory capped far
+    below the card). Without the NVIDIA toolkit (and docker 20.10 has no CDI), the GPU is
+    given as CDI gives it; on a lent GPU machine, scripts/device-setup brings docker."""
+    if shutil.which("dockerd") is None:
+        pytest.skip("dockerd is not installed (apt-get install docker.io; on a lent GPU machine, scripts/device-setup)")
+    from tgs_runtime.childd import own_config
+
+    share_one_gpu_through_docker(HostGpu.real(), own_config(None, budget="4G"), libshim, c_programs("maps.c"), tmp_path)

@@ -49,7 +49,10 @@ class HostGpu:
         ctypes.CDLL("libcuda.so.1")
         maps = Path("/proc/self/maps").read_text().split()
         libcuda = Path(next(w for w in maps if "/libcuda.so" in w))
-        libraries = sorted({p for pattern in DRIVER_LIBRARIES for p in libcuda.parent.glob(pattern)})
+        # the driver's other libraries beside libcuda, else where the loader would look
+        dirs = [libcuda.parent, *map(Path, filter(None, os.environ.get("LD_LIBRARY_PATH", "").split(":"))),
+                Path("/usr/lib/x86_64-linux-gnu"), Path("/usr/lib64")]
+        libraries = sorted(lib for pattern in DRIVER_LIBRARIES for lib in _first_match(dirs, pattern))
         return cls(gpu.uuid, [n for n in nodes if os.path.exists(n)], libraries)
 
     @classmethod
@@ -64,6 +67,10 @@ class HostGpu:
         for lib in self.libraries:
             args += ["-v", f"{lib.resolve()}:{CONTAINER_LIBDIR}/{lib.name}:ro"]
         return args
+
+
+def _first_match(dirs: list[Path], pattern: str) -> list[Path]:
+    return next((found for found in (sorted(d.glob(pattern)) for d in dirs) if found), [])
 
 
 def share_one_gpu_through_docker(gpu: HostGpu, tgsd_config: dict, libshim: Artifacts, maps: Path, work: Path) -> None:

@@ -5,8 +5,13 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
+
+import tomllib
 
 import pytest
+
+from tgs_runtime.containerd_config import CRI_RUNTIME_PLUGIN
 
 
 def tgs(*args, env=None):
@@ -73,19 +78,68 @@ def test_a_malformed_daemon_json_is_left_alone(prefix):
     assert (prefix / "etc/docker/daemon.json").read_text() == "{ not json"
 
 
-def test_setup_containerd(tmp_path):
-    out = tgs("setup", "containerd")
-    assert 'containerd.runtimes.tgs]' in out.stdout and 'pod_annotations = ["tgs.class"]' in out.stdout
+def containerd_reads(conf: Path) -> dict:
+    """The tgs handler as the installed containerd reads the file (`containerd config dump`)."""
+    out = subprocess.run(["containerd", "--config", str(conf), "config", "dump"], capture_output=True, text=True,
+                         timeout=30)
+    assert out.returncode == 0, out.stderr
+    dumped = tomllib.loads(out.stdout)
+    cri = dumped["plugins"][CRI_RUNTIME_PLUGIN[dumped.get("version", 1)]]
+    return {"tgs": cri["containerd"]["runtimes"].get("tgs"), "sandbox_image": cri.get("sandbox_image")}
+
+
+@pytest.mark.parametrize("before", [
+    None,                                                                      # no file yet
+    "# the cluster's containerd config\n",                                     # comments only
+    'version = 2\n[plugins."io.containerd.grpc.v1.cri"]\n  sandbox_image = "pause:3.9"\n',
+    'oom_score = 0\n[plugins.cri]\n  sandbox_image = "pause:3.9"\n',           # version 1: no version line
+], ids=["absent", "comments", "version-2", "version-1"])
+def test_setup_containerd_puts_the_handler_where_containerd_reads_it(tmp_path, before):
     conf = tmp_path / "config.toml"
-    conf.write_text("version = 2\n")
-    tgs("setup", "containerd", "--write", str(conf))
-    tgs("setup", "containerd", "--write", str(conf))
-    text = conf.read_text()
-    assert text.startswith("version = 2\n") and text.count("containerd.runtimes.tgs]") == 1
-    import tomllib
-    tgs_handler = tomllib.loads(text)["plugins"]["io.containerd.grpc.v1.cri"]["containerd"]["runtimes"]["tgs"]
+    if before is not None:
+        conf.write_text(before)
+    first = tgs("setup", "containerd", "--write", str(conf))
+    again = tgs("setup", "containerd", "--write", str(conf))
+    assert first.returncode == 0 and "added the tgs runtime handler" in first.stdout, first.stderr
+    assert again.returncode == 0 and "already has the tgs runtime handler" in again.stdout
+    read = containerd_reads(conf)
+    assert read["tgs"] is not None, f"containerd does not see the handler in:\n{conf.read_text()}"
+    assert read["tgs"]["options"]["BinaryName"] == "/usr/bin/tgs-runtime"
+    assert read["tgs"]["pod_annotations"] == ["tgs.class"]
     # the device plugin's annotations for the NVIDIA runtime name the GPUs where containerd injects no CDI device
-    assert tgs_handler["container_annotations"] == ["tgs.class", "nvidia.cdi.k8s.io/*"]
+    assert read["tgs"]["container_annotations"] == ["tgs.class", "nvidia.cdi.k8s.io/*"]
+    if before and "sandbox_image" in before:
+        assert read["sandbox_image"] == "pause:3.9"
+    if before and before.startswith("#"):
+        assert before in conf.read_text()
+
+
+def test_setup_containerd_for_containerd_2(tmp_path):
+    """Version 3 (containerd 2) keeps runtime handlers under io.containerd.cri.v1.runtime."""
+    conf = tmp_path / "config.toml"
+    conf.write_text("version = 3\n")
+    assert tgs("setup", "containerd", "--write", str(conf)).returncode == 0
+    written = tomllib.loads(conf.read_text())
+    assert set(written["plugins"]) == {"io.containerd.cri.v1.runtime"}
+    printed = tgs("setup", "containerd", "--containerd-config-version", "3").stdout
+    assert tomllib.loads(printed) == {k: v for k, v in written.items() if k != "version"}
+
+
+@pytest.mark.parametrize("before,args,message", [
+    ('version = 3\n[plugins."io.containerd.grpc.v1.cri".containerd.runtimes.tgs]\n  runtime_type = "x"\n', (),
+     'has a tgs runtime handler under plugins."io.containerd.grpc.v1.cri", which containerd does not read from a '
+     'version 3 config (it reads plugins."io.containerd.cri.v1.runtime"): remove the '
+     '[plugins."io.containerd.grpc.v1.cri".containerd.runtimes.tgs] section'),
+    ("version = 2\n[plugins\n", (), "cannot be read as TOML"),
+    ("version = 7\n", (), "has version = 7: containerd's configs are versions 1, 2, 3"),
+    ("version = 2\n", ("--containerd-config-version", "3"), "is a version 2 config, not 3"),
+], ids=["another-versions-handler", "not-toml", "unknown-version", "version-mismatch"])
+def test_setup_containerd_refuses_what_it_cannot_do_right(tmp_path, before, args, message):
+    conf = tmp_path / "config.toml"
+    conf.write_text(before)
+    out = tgs("setup", "containerd", "--write", str(conf), *args)
+    assert out.returncode == 1 and message in out.stderr and "nothing was changed" in out.stderr, out.stderr
+    assert conf.read_text() == before
 
 
 def test_doctor_passes_on_a_working_host_and_says_what_to_fix(docker, libshim, tmp_path):
@@ -97,10 +151,39 @@ def test_doctor_passes_on_a_working_host_and_says_what_to_fix(docker, libshim, t
     assert "tgsd answers" in ok.stdout and "dockerd has loaded the tgs runtime" in ok.stdout
     assert "simgpu (simulated)" in ok.stdout and "ok    lower runtime " in ok.stdout
     t.stop()
-    bad = tgs("doctor", "--config", str(t.config), "--daemon-json", str(tmp_path / "none.json"), env=env)
+    bad = tgs("doctor", "--config", str(t.config), "--daemon-json", str(tmp_path / "none.json"),
+              "--containerd-config", str(tmp_path / "none.toml"), env=env)
     assert bad.returncode == 1
     assert "FAIL  tgsd is not running" in bad.stdout and "fix: systemctl enable --now tgsd" in bad.stdout
-    assert "has no tgs runtime" in bad.stdout and "fix: tgs setup docker" in bad.stdout
+    assert f"has no tgs runtime, and {tmp_path}/none.toml no tgs runtime handler" in bad.stdout
+    assert "fix: tgs setup docker, or for Kubernetes: tgs setup containerd --write" in bad.stdout
+
+
+@pytest.mark.parametrize("version,binary,problem", [
+    (2, "built", None),
+    (3, "built", 'under plugins."io.containerd.grpc.v1.cri", which containerd does not read from a version 3 config'),
+    (2, "/nonexistent/tgs-runtime", "its BinaryName (/nonexistent/tgs-runtime) is not an installed tgs-runtime"),
+], ids=["right", "another-versions-plugin", "no-runtime-there"])
+def test_doctor_on_a_containerd_node_without_docker(tgsd, libshim, tmp_path, version, binary, problem):
+    """A Kubernetes node: the handler in containerd's config is checked, and docker's absence
+    is not a failure."""
+    from tgs_runtime.containerd_config import stanza
+
+    t = tgsd()
+    conf = tmp_path / "containerd.toml"
+    runtime = libshim.root / "tgs-runtime" if binary == "built" else Path(binary)
+    conf.write_text(f"version = {version}\n" + stanza(2, runtime, t.config))
+    env = {**os.environ, "DOCKER_HOST": f"unix://{tmp_path}/no-docker.sock"}
+    out = tgs("doctor", "--config", str(t.config), "--daemon-json", str(tmp_path / "none.json"),
+              "--containerd-config", str(conf), env=env)
+    assert "has no tgs runtime: docker is not set up for TGS, containerd is" in out.stdout, out.stdout
+    assert "docker is not reachable" not in out.stdout
+    if problem is None:
+        assert out.returncode == 0, out.stdout + out.stderr
+        assert f"ok    {conf} has the tgs runtime handler where containerd reads it" in out.stdout
+    else:
+        assert out.returncode == 1 and f"FAIL  containerd's tgs runtime handler in {conf}: " in out.stdout
+        assert problem in out.stdout, out.stdout
 
 
 def test_doctor_fails_when_no_lower_runtime_is_installed(libshim, tmp_path):

@@ -16,7 +16,6 @@ from tgs_runtime.paths import REPO_ROOT, artifacts
 
 CONFIG = Path("/etc/tgs/config.toml")
 DAEMON_JSON = Path("/etc/docker/daemon.json")
-CONTAINERD_TOML = Path("/etc/containerd/config.toml")
 RUNTIME_NAME = "tgs"
 
 
@@ -177,21 +176,3 @@ def write_daemon_json(path: Path, old: dict, new: dict) -> Path | None:
     tmp.write_text(render(new))
     os.replace(tmp, path)
     return backup
-
-
-# ------------------------------------------------------------------ containerd
-
-def containerd_stanza(layout: Layout, config: Path) -> str:
-    return f"""
-# TGS: a runtime handler for containerd's CRI (Kubernetes RuntimeClass handler "tgs").
-# The tgs.class annotation is passed through to the runtime, and the NVIDIA device plugin's
-# CDI annotations for the NVIDIA runtime (which name the pod's GPUs where containerd does
-# not inject CDI devices itself).
-[plugins."io.containerd.grpc.v1.cri".containerd.runtimes.tgs]
-  runtime_type = "io.containerd.runc.v2"
-  pod_annotations = ["tgs.class"]
-  container_annotations = ["tgs.class", "nvidia.cdi.k8s.io/*"]
-  [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.tgs.options]
-    BinaryName = "{layout.runtime}"
-    # containerd's runc shim passes no extra arguments: tgs-runtime reads {config} (or $TGS_CONFIG)
-"""

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import click
 
-from tgs_runtime import config as configmod, install
+from tgs_runtime import config as configmod, containerd_config, install
 from tgs_runtime.runtime import gpu_access
 
 
@@ -29,12 +29,15 @@ class Report:
 @click.option("--config", "config_path", type=click.Path(dir_okay=False, path_type=Path), help="The TGS config.")
 @click.option("--daemon-json", type=click.Path(dir_okay=False, path_type=Path), default=install.DAEMON_JSON,
               show_default=True)
+@click.option("--containerd-config", "containerd_config_path", type=click.Path(dir_okay=False, path_type=Path),
+              default=containerd_config.CONTAINERD_TOML, show_default=True)
 @click.option("--cdi-spec-dir", "cdi_dirs", multiple=True, type=click.Path(file_okay=False, path_type=Path),
               default=gpu_access.CDI_DIRS, show_default=True,
               help="Where the container engine reads CDI specs (repeat for each).")
-def doctor_cmd(config_path: Path | None, daemon_json: Path, cdi_dirs: tuple[Path, ...]) -> None:
-    """Check the config, libtgs.so, tgs-hook, the lower runtime, tgsd, docker, the GPUs and how
-    TGS containers get them."""
+def doctor_cmd(config_path: Path | None, daemon_json: Path, containerd_config_path: Path,
+               cdi_dirs: tuple[Path, ...]) -> None:
+    """Check the config, libtgs.so, tgs-hook, the lower runtime, tgsd, docker or containerd,
+    the GPUs and how TGS containers get them."""
     r = Report()
     click.echo("TGS installation check")
     try:
@@ -77,13 +80,18 @@ def doctor_cmd(config_path: Path | None, daemon_json: Path, cdi_dirs: tuple[Path
         r.ok(f"tgsd answers at {cfg.daemon.state_dir} (pid {st['daemon']['pid']}, GPUs {gpus})")
     except (DaemonUnavailable, Refused) as e:
         r.fail(str(e), "systemctl enable --now tgsd; journalctl -u tgsd says why it does not start")
+    containerd = check_containerd(r, containerd_config_path)
     entry = None
     try:
         entry = install.read_daemon_json(daemon_json).get("runtimes", {}).get(install.RUNTIME_NAME)
     except install.InstallError as e:
         r.fail(str(e), f"fix {daemon_json}")
-    if not entry:
-        r.fail(f"{daemon_json} has no tgs runtime", "tgs setup docker")
+    if not entry and containerd is not None:
+        click.echo(f"  -     {daemon_json} has no tgs runtime: docker is not set up for TGS, containerd is"
+                   + ("" if containerd else " (its handler needs the fix above)"))
+    elif not entry:
+        r.fail(f"{daemon_json} has no tgs runtime, and {containerd_config_path} no tgs runtime handler",
+               f"tgs setup docker, or for Kubernetes: tgs setup containerd --write {containerd_config_path}")
     elif not os.access(entry.get("path", ""), os.X_OK):
         r.fail(f"the tgs runtime in {daemon_json} points at {entry.get('path')}, which is not there", "tgs setup docker")
     else:
@@ -91,19 +99,8 @@ def doctor_cmd(config_path: Path | None, daemon_json: Path, cdi_dirs: tuple[Path
         create = Path(entry["path"]).parent / "tgs-runtime-create"
         if not os.access(create, os.X_OK):
             r.fail(f"{create} is missing (tgs-runtime falls back to it when tgsd cannot be asked)", "tgs setup docker")
-    try:
-        import docker
-
-        client = docker.from_env(timeout=5)
-        runtimes = client.info().get("Runtimes", {})
-        if install.RUNTIME_NAME in runtimes:
-            r.ok("dockerd has loaded the tgs runtime")
-        else:
-            r.fail("dockerd runs but has not loaded the tgs runtime", "systemctl reload docker (dockerd re-reads "
-                   "runtimes on SIGHUP)")
-    except Exception as e:  # docker missing or not running: say so, it is not fatal to TGS
-        r.fail(f"docker is not reachable ({type(e).__name__})", "start docker, or use containerd "
-               "(tgs setup containerd)")
+    if entry or containerd is None:
+        check_dockerd(r)
     if cfg.sim.enabled:
         libs = [Path(cfg.sim.lib_dir or "") / n for n in ("libcuda.so.1", "libnvidia-ml.so.1")]
         missing = [str(p) for p in libs if not p.exists()]
@@ -136,6 +133,42 @@ def doctor_cmd(config_path: Path | None, daemon_json: Path, cdi_dirs: tuple[Path
                    "to try TGS on simgpu")
     click.echo("all checks passed" if not r.failed else f"{r.failed} check(s) failed")
     sys.exit(1 if r.failed else 0)
+
+
+def check_containerd(r: Report, path: Path) -> bool | None:
+    """containerd's tgs runtime handler: True where it is right, False where it is there but
+    wrong (said), None where there is none."""
+    try:
+        conf = containerd_config.ContainerdConfig.read(path)
+    except containerd_config.ContainerdConfigError as e:
+        r.fail(str(e), f"fix {path}: containerd cannot start with it either")
+        return False
+    if not conf.handlers:
+        return None
+    problems = containerd_config.check_handler(conf)
+    for problem, fix in problems:
+        r.fail(f"containerd's tgs runtime handler in {path}: {problem}", fix)
+    if problems:
+        return False
+    r.ok(f"{path} has the tgs runtime handler where containerd reads it (plugins.\"{conf.plugin}\", "
+         f"version {conf.version})")
+    return True
+
+
+def check_dockerd(r: Report) -> None:
+    try:
+        import docker
+
+        client = docker.from_env(timeout=5)
+        runtimes = client.info().get("Runtimes", {})
+        if install.RUNTIME_NAME in runtimes:
+            r.ok("dockerd has loaded the tgs runtime")
+        else:
+            r.fail("dockerd runs but has not loaded the tgs runtime", "systemctl reload docker (dockerd re-reads "
+                   "runtimes on SIGHUP)")
+    except Exception as e:  # docker missing or not running: say so, it is not fatal to TGS
+        r.fail(f"docker is not reachable ({type(e).__name__})", "start docker, or use containerd "
+               "(tgs setup containerd)")
 
 
 def register(group: click.Group) -> None:

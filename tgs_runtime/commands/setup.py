@@ -5,7 +5,7 @@ from pathlib import Path
 
 import click
 
-from tgs_runtime import install
+from tgs_runtime import containerd_config, install
 from tgs_runtime.paths import MissingArtifact
 
 
@@ -71,25 +71,32 @@ def setup_docker(daemon_json: Path, config: Path, prefix: Path, dry_run: bool, u
 
 @setup_group.command("containerd")
 @click.option("--write", "write_to", type=click.Path(dir_okay=False, path_type=Path),
-              help="Append the stanza to this containerd config (e.g. /etc/containerd/config.toml) instead of printing it.")
+              help="Add the handler to this containerd config (e.g. /etc/containerd/config.toml), where containerd "
+                   "reads it for the file's version, instead of printing it.")
+@click.option("--containerd-config-version", "version", type=click.IntRange(1, 3), metavar="1|2|3",
+              help="The containerd config version to print the handler for, or to give a new file: 1 (no version "
+                   "line), 2 (containerd 1.3-1.7) or 3 (containerd 2). [default: with --write, the file's, and for a "
+                   f"new file the installed containerd's; when printing, that of {containerd_config.CONTAINERD_TOML}, "
+                   "else the installed containerd's; else 2]")
 @click.option("--config", "config", type=click.Path(dir_okay=False, path_type=Path), default=install.CONFIG,
               show_default=True, help="The TGS config tgs-runtime reads.")
-def setup_containerd(write_to: Path | None, config: Path) -> None:
-    """The runtime handler stanza for containerd's CRI (Kubernetes RuntimeClass `tgs`),
-    with the tgs.class annotation passed through. Install the programs first with
-    `tgs setup docker --dry-run` to see them, or without docker with `--daemon-json /dev/null`."""
-    stanza = install.containerd_stanza(install.Layout(), config)
-    if not write_to:
-        click.echo(stanza)
-        return
-    text = write_to.read_text() if write_to.exists() else ""
-    if "containerd.runtimes.tgs]" in text:
-        click.echo(f"{write_to} already has the tgs runtime handler")
-        return
-    write_to.parent.mkdir(parents=True, exist_ok=True)
-    with open(write_to, "a") as f:
-        f.write(stanza)
-    click.echo(f"appended the tgs runtime handler to {write_to}; restart containerd to load it")
+def setup_containerd(write_to: Path | None, version: int | None, config: Path) -> None:
+    """The runtime handler for containerd's CRI (Kubernetes RuntimeClass `tgs`), with the
+    tgs.class annotation passed through, placed where containerd reads it for the config's
+    version (containerd ignores a handler under another version's plugin name). Install the
+    programs first with `tgs setup docker --dry-run` to see them, or without docker with
+    `--daemon-json /dev/null`."""
+    runtime = install.Layout().runtime
+    try:
+        if write_to:
+            click.echo(containerd_config.add_handler(write_to, runtime, config, version))
+            return
+        if not version:
+            host = containerd_config.ContainerdConfig.read(containerd_config.CONTAINERD_TOML)
+            version = (host.version if not host.empty else None) or containerd_config.installed_version() or 2
+    except containerd_config.ContainerdConfigError as e:
+        raise click.ClickException(f"{e}; nothing was changed") from e
+    click.echo(containerd_config.stanza(version, runtime, config))
 
 
 def register(group: click.Group) -> None:

@@ -1,0 +1,177 @@
+"""containerd's config and the tgs runtime handler in it (a Kubernetes RuntimeClass `tgs`),
+for `tgs setup containerd` and `tgs doctor`.
+
+Where containerd reads a CRI runtime handler depends on the config's `version`, and a
+handler written for another version is silently ignored (the pods of RuntimeClass tgs then
+fail with "no runtime for tgs is configured"):
+  1  no `version` line, containerd 1.x's first format: short plugin names, `plugins.cri`
+  2  containerd 1.3 to 1.7: `plugins."io.containerd.grpc.v1.cri"`
+  3  containerd 2.x: `plugins."io.containerd.cri.v1.runtime"`
+containerd 2 reads versions 1 and 2 too, migrating them when it starts; one file has one
+version."""
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+
+try:
+    import tomllib
+except ModuleNotFoundError:  # Python 3.10
+    import tomli as tomllib
+
+CONTAINERD_TOML = Path("/etc/containerd/config.toml")
+HANDLER = "tgs"
+CRI_RUNTIME_PLUGIN = {1: "cri", 2: "io.containerd.grpc.v1.cri", 3: "io.containerd.cri.v1.runtime"}
+# the runtime's own annotation, and the NVIDIA device plugin's CDI annotations for the NVIDIA
+# runtime (which name the pod's GPUs where containerd does not inject CDI devices itself)
+POD_ANNOTATIONS = ["tgs.class"]
+CONTAINER_ANNOTATIONS = ["tgs.class", "nvidia.cdi.k8s.io/*"]
+
+
+class ContainerdConfigError(ValueError):
+    """The config cannot be read or changed; the message says what is wrong and what to do."""
+
+
+def _table(data: dict, *keys: str) -> dict | None:
+    for key in keys:
+        data = data.get(key) if isinstance(data, dict) else None
+    return data if isinstance(data, dict) else None
+
+
+@dataclass(frozen=True)
+class ContainerdConfig:
+    path: Path
+    text: str
+    version: int
+    handlers: dict[str, dict]  # CRI plugin -> the tgs handler under it (one, where all is well)
+
+    @classmethod
+    def read(cls, path: Path) -> "ContainerdConfig":
+        """The config at `path` (an absent file reads as an empty one)."""
+        try:
+            text = path.read_text() if path.exists() else ""
+            data = tomllib.loads(text)
+        except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as e:
+            raise ContainerdConfigError(f"{path} cannot be read as TOML ({e})") from None
+        version = data.get("version", 1)
+        if version not in CRI_RUNTIME_PLUGIN:
+            raise ContainerdConfigError(f"{path} has version = {version!r}: containerd's configs are versions "
+                                        f"{', '.join(map(str, CRI_RUNTIME_PLUGIN))}")
+        handlers = {plugin: h for plugin in CRI_RUNTIME_PLUGIN.values()
+                    if (h := _table(data, "plugins", plugin, "containerd", "runtimes", HANDLER)) is not None}
+        return cls(path, text, version, handlers)
+
+    @property
+    def empty(self) -> bool:
+        """Nothing set (absent, blank or only comments): any version may be chosen for it."""
+        return not tomllib.loads(self.text)
+
+    @property
+    def plugin(self) -> str:
+        return CRI_RUNTIME_PLUGIN[self.version]
+
+    @property
+    def handler(self) -> dict | None:
+        """The tgs handler where containerd reads it for this config's version."""
+        return self.handlers.get(self.plugin)
+
+    def misplaced(self) -> list[str]:
+        """The plugins holding a tgs handler that containerd does not read from this version."""
+        return [p for p in self.handlers if p != self.plugin]
+
+
+def installed_version() -> int | None:
+    """The config version of the installed containerd (its `config default`): 3 for
+    containerd 2, 2 for 1.x; None where containerd is not installed."""
+    try:
+        out = subprocess.run(["containerd", "config", "default"], capture_output=True, text=True, timeout=20)
+        version = tomllib.loads(out.stdout).get("version", 1) if out.returncode == 0 else None
+    except (OSError, subprocess.TimeoutExpired, tomllib.TOMLDecodeError):
+        return None
+    return version if version in CRI_RUNTIME_PLUGIN else None
+
+
+def stanza(version: int, runtime: Path, config: Path) -> str:
+    """The tgs runtime handler for a config of `version`."""
+    table = f'plugins."{CRI_RUNTIME_PLUGIN[version]}".containerd.runtimes.{HANDLER}'
+    return f"""
+# TGS: a runtime handler for containerd's CRI (Kubernetes RuntimeClass handler "tgs"), for a
+# containerd config of version {version}. The tgs.class annotation is passed through to the
+# runtime, and the NVIDIA device plugin's CDI annotations for the NVIDIA runtime (which name
+# the pod's GPUs where containerd does not inject CDI devices itself).
+[{table}]
+  runtime_type = "io.containerd.runc.v2"
+  pod_annotations = {_list(POD_ANNOTATIONS)}
+  container_annotations = {_list(CONTAINER_ANNOTATIONS)}
+  [{table}.options]
+    BinaryName = "{runtime}"
+    # containerd's runc shim passes no extra arguments: tgs-runtime reads {config} (or $TGS_CONFIG)
+"""
+
+
+def _list(items: list[str]) -> str:
+    return "[" + ", ".join(f'"{i}"' for i in items) + "]"
+
+
+def misplaced_message(conf: ContainerdConfig) -> str:
+    wrong = conf.misplaced()[0]
+    return (f"{conf.path} has a tgs runtime handler under plugins.\"{wrong}\", which containerd does not read "
+            f"from a version {conf.version} config (it reads plugins.\"{conf.plugin}\"): {_removal(wrong)}, then run "
+            "`tgs setup containerd --write` again")
+
+
+def _removal(plugin: str) -> str:
+    return f"remove the [plugins.\"{plugin}\".containerd.runtimes.tgs] section and its .options"
+
+
+def add_handler(path: Path, runtime: Path, config: Path, version: int | None = None) -> str:
+    """Adds the tgs handler to the config at `path` for its version (an empty or absent file
+    gets `version`, else the installed containerd's, else 2, written at its top); returns
+    what was done. Nothing is changed where it cannot be done right."""
+    conf = ContainerdConfig.read(path)
+    if conf.empty:
+        chosen = version or installed_version() or 2
+        text = f"version = {chosen}\n{conf.text}{stanza(chosen, runtime, config)}"
+        conf = ContainerdConfig(path, text, chosen, {})
+    else:
+        if version and version != conf.version:
+            raise ContainerdConfigError(f"{path} is a version {conf.version} config, not {version}")
+        if conf.misplaced():
+            raise ContainerdConfigError(misplaced_message(conf))
+        if conf.handler is not None:
+            return f"{path} already has the tgs runtime handler"
+        text = conf.text + ("" if conf.text.endswith("\n") else "\n") + stanza(conf.version, runtime, config)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tgs-new")
+    tmp.write_text(text)
+    if path.exists():
+        shutil.copymode(path, tmp)
+    tmp.replace(path)
+    return (f"added the tgs runtime handler to {path} (plugins.\"{conf.plugin}\", version {conf.version}); "
+            "restart containerd to load it")
+
+
+def check_handler(conf: ContainerdConfig) -> list[tuple[str, str]]:
+    """What is wrong with the tgs handler in `conf`, and how to fix each (for tgs doctor):
+    nothing where it is where containerd reads it, runs an installed tgs-runtime and passes
+    the tgs.class annotation through."""
+    again = f"tgs setup containerd --write {conf.path}, then restart containerd"
+    if conf.misplaced():
+        wrong = conf.misplaced()[0]
+        return [(f"it is under plugins.\"{wrong}\", which containerd does not read from a version {conf.version} "
+                 f"config (it reads plugins.\"{conf.plugin}\")", f"{_removal(wrong)}, then {again}")]
+    h = conf.handler or {}
+    problems = []
+    options = _table(h, "options") or {}
+    binary = options.get("BinaryName")
+    if not binary or not os.access(str(binary), os.X_OK):
+        problems.append((f"its BinaryName ({binary or 'not set'}) is not an installed tgs-runtime",
+                         "tgs setup docker installs it (--daemon-json /dev/null where there is no docker); "
+                         f"remove the handler, then {again}"))
+    if "tgs.class" not in (h.get("pod_annotations") or []):
+        problems.append(("its pod_annotations do not pass tgs.class through: pods could not ask for a class",
+                         f"remove the handler, then {again}"))
+    return problems

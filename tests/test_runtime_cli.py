@@ -3,6 +3,7 @@ lower runtime records what it is given; tgsd is real."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 from pathlib import Path
 
@@ -302,6 +303,23 @@ def test_by_default_the_nvidia_runtime_runs_containers_where_it_is_installed(lib
                            capture_output=True, text=True, timeout=60, env={"PATH": path})
         assert p.returncode == 0, p.stderr
         assert record.read_text().split()[0] == ran
+
+
+GPU_OPERATOR_RUNTIME = "/usr/local/nvidia/toolkit/nvidia-container-runtime"
+
+
+@pytest.mark.parametrize("program", ["tgs-runtime", "tgs-runtime-create"])
+def test_by_default_the_gpu_operators_nvidia_runtime_is_tried_before_runc(libshim, tmp_path, program):
+    """The GPU Operator installs the NVIDIA runtime off PATH, under /usr/local/nvidia/toolkit."""
+    config = tmp_path / "tgs.toml"
+    config.write_text(f"[daemon]\nstate_dir = \"{tmp_path}/state\"\n")
+    (tmp_path / "empty").mkdir()
+    p = subprocess.run([str(libshim.root / program), "--tgs-config", str(config), "state", CONTAINER_ID],
+                       capture_output=True, text=True, timeout=60, env={"PATH": str(tmp_path / "empty")})
+    if os.access(GPU_OPERATOR_RUNTIME, os.X_OK):  # a GPU Operator node: it was found
+        assert "no lower runtime found" not in p.stderr
+    else:
+        assert f"no lower runtime found (tried nvidia-container-runtime, {GPU_OPERATOR_RUNTIME}, runc;" in p.stderr
 
 
 @pytest.mark.parametrize("program", ["tgs-runtime", "tgs-runtime-create"])

@@ -114,7 +114,9 @@ class MemoryConfig:
 class RuntimeConfig:
     # the first that exists: the NVIDIA runtime (GPUs from NVIDIA_VISIBLE_DEVICES, as with
     # --runtime=nvidia) where the NVIDIA Container Toolkit is installed, else runc
-    lower_runtime: tuple[str, ...] = ("nvidia-container-runtime", "runc")
+    # the NVIDIA runtime on PATH (the toolkit's packages), where the GPU Operator installs it, then runc
+    lower_runtime: tuple[str, ...] = ("nvidia-container-runtime", "/usr/local/nvidia/toolkit/nvidia-container-runtime",
+                                      "runc")
     shim_path: Path = Path("/usr/lib/tgs/libtgs.so")
     hook_path: Path = Path("/usr/bin/tgs-hook")
     default_class: str = ""

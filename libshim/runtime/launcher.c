@@ -122,8 +122,10 @@ static int tgsd_create(const char *state_dir, const char *id, const char *bundle
 }
 
 /* [runtime] lower_runtime's default (tgs_runtime/config.py): the NVIDIA runtime where the
- * NVIDIA Container Toolkit is installed, else runc. */
-static const char *const DEFAULT_LOWER[] = {"nvidia-container-runtime", "runc", NULL};
+ * NVIDIA Container Toolkit is installed (its packages put it on PATH, the GPU Operator under
+ * /usr/local/nvidia/toolkit), else runc. */
+static const char *const DEFAULT_LOWER[] = {
+    "nvidia-container-runtime", "/usr/local/nvidia/toolkit/nvidia-container-runtime", "runc", NULL};
 
 /* Name number i of those to try: the config's list when it has one, else DEFAULT_LOWER. */
 static int lower_candidate(const char *toml, int configured, int i, char *name, size_t cap) {

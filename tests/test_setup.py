@@ -98,8 +98,8 @@ def test_setup_containerd_puts_the_handler_where_containerd_reads_it(tmp_path, b
     conf = tmp_path / "config.toml"
     if before is not None:
         conf.write_text(before)
-    first = tgs("setup", "containerd", "--write", str(conf))
-    again = tgs("setup", "containerd", "--write", str(conf))
+    first = tgs("setup", "containerd", "--containerd-config", str(conf), "--write", str(conf))
+    again = tgs("setup", "containerd", "--containerd-config", str(conf), "--write", str(conf))
     assert first.returncode == 0 and "added the tgs runtime handler" in first.stdout, first.stderr
     assert again.returncode == 0 and "already has the tgs runtime handler" in again.stdout
     read = containerd_reads(conf)
@@ -118,7 +118,7 @@ def test_setup_containerd_for_containerd_2(tmp_path):
     """Version 3 (containerd 2) keeps runtime handlers under io.containerd.cri.v1.runtime."""
     conf = tmp_path / "config.toml"
     conf.write_text("version = 3\n")
-    assert tgs("setup", "containerd", "--write", str(conf)).returncode == 0
+    assert tgs("setup", "containerd", "--containerd-config", str(conf), "--write", str(conf)).returncode == 0
     written = tomllib.loads(conf.read_text())
     assert set(written["plugins"]) == {"io.containerd.cri.v1.runtime"}
     printed = tgs("setup", "containerd", "--containerd-config-version", "3").stdout
@@ -137,7 +137,7 @@ def test_setup_containerd_for_containerd_2(tmp_path):
 def test_setup_containerd_refuses_what_it_cannot_do_right(tmp_path, before, args, message):
     conf = tmp_path / "config.toml"
     conf.write_text(before)
-    out = tgs("setup", "containerd", "--write", str(conf), *args)
+    out = tgs("setup", "containerd", "--containerd-config", str(conf), "--write", str(conf), *args)
     assert out.returncode == 1 and message in out.stderr and "nothing was changed" in out.stderr, out.stderr
     assert conf.read_text() == before
 
@@ -157,6 +157,77 @@ def test_doctor_passes_on_a_working_host_and_says_what_to_fix(docker, libshim, t
     assert "FAIL  tgsd is not running" in bad.stdout and "fix: systemctl enable --now tgsd" in bad.stdout
     assert f"has no tgs runtime, and {tmp_path}/none.toml no tgs runtime handler" in bad.stdout
     assert "fix: tgs setup docker, or for Kubernetes: tgs setup containerd --write" in bad.stdout
+
+
+def fake_containerd(tmp_path: Path, release: str, version: int) -> dict[str, str]:
+    """An environment whose `containerd` says it is `release` and writes configs of `version`."""
+    bin_dir = tmp_path / "fake-containerd"
+    bin_dir.mkdir()
+    (bin_dir / "containerd").write_text(
+        f'#!/bin/sh\ncase "$1" in\n  --version) echo "containerd github.com/containerd/containerd/v2 v{release} 0a1b2c";;\n'
+        f'  config) echo "version = {version}";;\nesac\n')
+    (bin_dir / "containerd").chmod(0o755)
+    return {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}"}
+
+
+MAIN_V3 = 'version = 3\n[plugins."io.containerd.cri.v1.images"]\n  snapshotter = "overlayfs"\n'
+
+
+@pytest.mark.parametrize("release,main,version,note", [
+    ("2.2.1", MAIN_V3, 3, False),                                       # conf.d is imported without being named
+    ("2.1.4", MAIN_V3, 3, True),                                        # not imported: said
+    ("2.1.4", 'version = 2\nimports = ["conf.d/*.toml"]\n', 2, False),  # the main config's version, not 3
+], ids=["2.2-conf.d", "2.1-not-imported", "2.1-imports-version-2"])
+def test_setup_containerd_writes_a_drop_in_for_containerd_2(tmp_path, release, main, version, note):
+    """containerd 2 merges imported files into the main config; a new drop-in gets the main
+    config's version (containerd does not load one of a higher version)."""
+    (tmp_path / "main.toml").write_text(main)
+    drop_in = tmp_path / "conf.d" / "tgs.toml"
+    out = tgs("setup", "containerd", "--containerd-config", str(tmp_path / "main.toml"), "--write", str(drop_in),
+              env=fake_containerd(tmp_path, release, 3))
+    assert out.returncode == 0, out.stderr
+    written = tomllib.loads(drop_in.read_text())
+    assert written["version"] == version and "tgs" in written["plugins"][CRI_RUNTIME_PLUGIN[version]]["containerd"][
+        "runtimes"]
+    assert ("does not import" in out.stdout) == note, out.stdout
+
+
+def test_setup_containerd_puts_no_drop_in_under_containerd_1(tmp_path):
+    """containerd 1.x (the one installed here) replaces a plugin's whole section with an
+    imported file's: a drop-in with the handler would drop the main config's CRI settings."""
+    main = tmp_path / "main.toml"
+    main.write_text('version = 2\nimports = ["conf.d/*.toml"]\n[plugins."io.containerd.grpc.v1.cri"]\n'
+                    '  sandbox_image = "pause:3.9"\n')
+    out = tgs("setup", "containerd", "--containerd-config", str(main), "--write", str(tmp_path / "conf.d/tgs.toml"))
+    assert out.returncode == 1 and "merges an imported file's plugin sections whole" in out.stderr, out.stderr
+    assert f"add the handler to {main} itself" in out.stderr and not (tmp_path / "conf.d").exists()
+
+
+@pytest.mark.parametrize("release,main,drop_in_version,problem", [
+    ("2.2.1", MAIN_V3, 3, None),
+    ("2.2.1", 'version = 2\n[plugins."io.containerd.grpc.v1.cri"]\n  sandbox_image = "p"\n', 3,
+     "its file is version 3, above"),
+    (None, 'version = 2\nimports = ["conf.d/*.toml"]\n', 2, "merges an imported file's plugin sections whole"),
+], ids=["2.2-right", "2.2-higher-version", "1.6-installed-here"])
+def test_doctor_finds_the_handler_in_a_drop_in(tgsd, libshim, tmp_path, release, main, drop_in_version, problem):
+    from tgs_runtime.containerd_config import stanza
+
+    t = tgsd()
+    (tmp_path / "main.toml").write_text(main)
+    drop_in = tmp_path / "conf.d" / "tgs.toml"
+    drop_in.parent.mkdir()
+    drop_in.write_text(f"version = {drop_in_version}\n" + stanza(drop_in_version, libshim.root / "tgs-runtime",
+                                                                   t.config))
+    env = fake_containerd(tmp_path, release, 3) if release else dict(os.environ)
+    env["DOCKER_HOST"] = f"unix://{tmp_path}/no-docker.sock"
+    out = tgs("doctor", "--config", str(t.config), "--daemon-json", str(tmp_path / "none.json"),
+              "--containerd-config", str(tmp_path / "main.toml"), env=env)
+    assert "docker is not set up for TGS, containerd is" in out.stdout, out.stdout
+    if problem is None:
+        assert out.returncode == 0 and f"ok    {drop_in} has the tgs runtime handler" in out.stdout, out.stdout
+    else:
+        assert out.returncode == 1 and f"FAIL  containerd's tgs runtime handler in {drop_in}: " in out.stdout
+        assert problem in out.stdout, out.stdout
 
 
 @pytest.mark.parametrize("version,binary,problem", [

@@ -8,10 +8,15 @@ fail with "no runtime for tgs is configured"):
   2  containerd 1.3 to 1.7: `plugins."io.containerd.grpc.v1.cri"`
   3  containerd 2.x: `plugins."io.containerd.cri.v1.runtime"`
 containerd 2 reads versions 1 and 2 too, migrating them when it starts; one file has one
-version."""
+version. A config may import others (`imports`, globs; containerd 2.2 and later also
+import conf.d/*.toml beside the main config of themselves), each read with its own version;
+newer releases do not load an imported file of a higher version than the main config."""
 from __future__ import annotations
 
+import fnmatch
+import glob
 import os
+import re
 import shutil
 import subprocess
 from dataclasses import dataclass
@@ -47,6 +52,7 @@ class ContainerdConfig:
     text: str
     version: int
     handlers: dict[str, dict]  # CRI plugin -> the tgs handler under it (one, where all is well)
+    imports: tuple[str, ...] = ()
 
     @classmethod
     def read(cls, path: Path) -> "ContainerdConfig":
@@ -62,7 +68,30 @@ class ContainerdConfig:
                                         f"{', '.join(map(str, CRI_RUNTIME_PLUGIN))}")
         handlers = {plugin: h for plugin in CRI_RUNTIME_PLUGIN.values()
                     if (h := _table(data, "plugins", plugin, "containerd", "runtimes", HANDLER)) is not None}
-        return cls(path, text, version, handlers)
+        imports = data.get("imports", [])
+        if not isinstance(imports, list) or not all(isinstance(i, str) for i in imports):
+            raise ContainerdConfigError(f"{path} has imports = {imports!r}: expected a list of paths")
+        return cls(path, text, version, handlers, tuple(imports))
+
+    def import_patterns(self, conf_d: bool) -> list[str]:
+        """What this config imports, in containerd's order: its `imports` (globs, relative to
+        its directory), then with `conf_d` (containerd 2.2 and later) conf.d/*.toml."""
+        patterns = [os.path.normpath(self.path.parent / i) for i in self.imports]
+        if conf_d:
+            patterns.append(str(self.path.parent / "conf.d" / "*.toml"))
+        return patterns
+
+    def imports_file(self, path: Path, conf_d: bool) -> bool:
+        """Whether `path` (which need not exist yet) is among the files this config imports."""
+        return any(fnmatch.fnmatch(os.path.normpath(path), p) for p in self.import_patterns(conf_d))
+
+    def imported(self, conf_d: bool) -> list[Path]:
+        """The files this config imports that exist, in containerd's order."""
+        seen: dict[Path, None] = {}
+        for pattern in self.import_patterns(conf_d):
+            for found in sorted(glob.glob(pattern)):
+                seen.setdefault(Path(found), None)
+        return [p for p in seen if p != self.path]
 
     @property
     def empty(self) -> bool:
@@ -81,6 +110,21 @@ class ContainerdConfig:
     def misplaced(self) -> list[str]:
         """The plugins holding a tgs handler that containerd does not read from this version."""
         return [p for p in self.handlers if p != self.plugin]
+
+
+def installed_release() -> tuple[int, int] | None:
+    """The installed containerd's major and minor release, None where it is not installed."""
+    try:
+        out = subprocess.run(["containerd", "--version"], capture_output=True, text=True, timeout=20).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    m = re.search(r"\sv?(\d+)\.(\d+)", out)
+    return (int(m.group(1)), int(m.group(2))) if m else None
+
+
+def imports_conf_d(release: tuple[int, int] | None) -> bool:
+    """Whether containerd imports conf.d/*.toml beside its main config without being told."""
+    return release is not None and release >= (2, 2)
 
 
 def installed_version() -> int | None:
@@ -127,13 +171,22 @@ def _removal(plugin: str) -> str:
     return f"remove the [plugins.\"{plugin}\".containerd.runtimes.tgs] section and its .options"
 
 
-def add_handler(path: Path, runtime: Path, config: Path, version: int | None = None) -> str:
-    """Adds the tgs handler to the config at `path` for its version (an empty or absent file
-    gets `version`, else the installed containerd's, else 2, written at its top); returns
-    what was done. Nothing is changed where it cannot be done right."""
+def add_handler(path: Path, runtime: Path, config: Path, version: int | None = None,
+                main: Path = CONTAINERD_TOML) -> str:
+    """Adds the tgs handler to the config at `path` (the main config `main`, or a file it
+    imports) for that file's version; returns what was done. An empty or absent file gets
+    `version`, else the main config's (an imported file of a higher version is not loaded),
+    else the installed containerd's, else 2, written at its top. Nothing is changed where it
+    cannot be done right."""
     conf = ContainerdConfig.read(path)
+    root = ContainerdConfig.read(main) if path.resolve() != main.resolve() else None
+    release = installed_release()
+    imported = root is not None and root.imports_file(path, imports_conf_d(release))
+    if imported and (release is None or release < (2, 0)):
+        raise ContainerdConfigError(f"{main} imports {path}, and {_merge_problem(release, main)}: add "
+                                    f"the handler to {main} itself (tgs setup containerd --write {main})")
     if conf.empty:
-        chosen = version or installed_version() or 2
+        chosen = version or (root.version if root and not root.empty else None) or installed_version() or 2
         text = f"version = {chosen}\n{conf.text}{stanza(chosen, runtime, config)}"
         conf = ContainerdConfig(path, text, chosen, {})
     else:
@@ -150,8 +203,42 @@ def add_handler(path: Path, runtime: Path, config: Path, version: int | None = N
     if path.exists():
         shutil.copymode(path, tmp)
     tmp.replace(path)
-    return (f"added the tgs runtime handler to {path} (plugins.\"{conf.plugin}\", version {conf.version}); "
+    done = (f"added the tgs runtime handler to {path} (plugins.\"{conf.plugin}\", version {conf.version}); "
             "restart containerd to load it")
+    if root and not root.empty and not imported:
+        done += (f"\nnote: {main} does not import {path}, so containerd will not read it: add it to that "
+                 "file's imports (containerd 2.2 and later import conf.d/*.toml beside it themselves)")
+    return done
+
+
+def _merge_problem(release: tuple[int, int] | None, main: Path) -> str:
+    if release is None:
+        return "containerd is not installed here, so how it would merge an imported file cannot be told"
+    return (f"containerd {release[0]}.{release[1]} merges an imported file's plugin sections whole (before 2.0), "
+            f"so a file holding the tgs handler would drop the other CRI settings of {main} (its runtimes, "
+            "sandbox image, CNI)")
+
+
+def configs_with_handler(main: Path) -> tuple[ContainerdConfig, list[ContainerdConfig]]:
+    """The main config, and those of it and the files it imports that hold a tgs handler."""
+    root = ContainerdConfig.read(main)
+    files = [root] + [ContainerdConfig.read(p) for p in root.imported(imports_conf_d(installed_release()))]
+    return root, [c for c in files if c.handlers]
+
+
+def check_placement(conf: ContainerdConfig, root: ContainerdConfig) -> list[tuple[str, str]]:
+    """What keeps containerd from using a tgs handler in `conf`, a file `root` imports."""
+    if conf.path == root.path:
+        return []
+    release = installed_release()
+    redo = f"remove {conf.path}, then tgs setup containerd --write {root.path}"
+    if release is None or release < (2, 0):
+        return [(f"it is in a file {root.path} imports, and {_merge_problem(release, root.path)}", redo)]
+    if not root.empty and conf.version > root.version:
+        return [(f"its file is version {conf.version}, above {root.path}'s {root.version}: newer containerd releases "
+                 "do not load it", f"remove {conf.path}, then tgs setup containerd --containerd-config {root.path} "
+                 f"--write {conf.path}")]
+    return []
 
 
 def check_handler(conf: ContainerdConfig) -> list[tuple[str, str]]:

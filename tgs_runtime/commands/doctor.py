@@ -136,23 +136,26 @@ def doctor_cmd(config_path: Path | None, daemon_json: Path, containerd_config_pa
 
 
 def check_containerd(r: Report, path: Path) -> bool | None:
-    """containerd's tgs runtime handler: True where it is right, False where it is there but
-    wrong (said), None where there is none."""
+    """containerd's tgs runtime handler, in its main config or a file that imports: True
+    where it is right, False where it is there but wrong (said), None where there is none."""
     try:
-        conf = containerd_config.ContainerdConfig.read(path)
+        root, found = containerd_config.configs_with_handler(path)
     except containerd_config.ContainerdConfigError as e:
         r.fail(str(e), f"fix {path}: containerd cannot start with it either")
         return False
-    if not conf.handlers:
+    if not found:
         return None
-    problems = containerd_config.check_handler(conf)
-    for problem, fix in problems:
-        r.fail(f"containerd's tgs runtime handler in {path}: {problem}", fix)
-    if problems:
-        return False
-    r.ok(f"{path} has the tgs runtime handler where containerd reads it (plugins.\"{conf.plugin}\", "
-         f"version {conf.version})")
-    return True
+    right = True
+    for conf in found:
+        problems = containerd_config.check_placement(conf, root) + containerd_config.check_handler(conf)
+        for problem, fix in problems:
+            r.fail(f"containerd's tgs runtime handler in {conf.path}: {problem}", fix)
+        if problems:
+            right = False
+        else:
+            r.ok(f"{conf.path} has the tgs runtime handler where containerd reads it (plugins.\"{conf.plugin}\", "
+                 f"version {conf.version})")
+    return right
 
 
 def check_dockerd(r: Report) -> None:

@@ -71,16 +71,18 @@ def setup_docker(daemon_json: Path, config: Path, prefix: Path, dry_run: bool, u
 
 @setup_group.command("containerd")
 @click.option("--write", "write_to", type=click.Path(dir_okay=False, path_type=Path),
-              help="Add the handler to this containerd config (e.g. /etc/containerd/config.toml), where containerd "
-                   "reads it for the file's version, instead of printing it.")
+              help="Add the handler to this file instead of printing it: the main config, or a file it imports "
+                   "(e.g. /etc/containerd/conf.d/tgs.toml), where containerd reads it for the file's version.")
+@click.option("--containerd-config", "main", type=click.Path(dir_okay=False, path_type=Path),
+              default=containerd_config.CONTAINERD_TOML, show_default=True,
+              help="containerd's main config, whose version a new file gets and whose imports are checked.")
 @click.option("--containerd-config-version", "version", type=click.IntRange(1, 3), metavar="1|2|3",
               help="The containerd config version to print the handler for, or to give a new file: 1 (no version "
-                   "line), 2 (containerd 1.3-1.7) or 3 (containerd 2). [default: with --write, the file's, and for a "
-                   f"new file the installed containerd's; when printing, that of {containerd_config.CONTAINERD_TOML}, "
-                   "else the installed containerd's; else 2]")
+                   "line), 2 (containerd 1.3-1.7) or 3 (containerd 2). [default: with --write, the file's; for a new "
+                   "file and when printing, the main config's, else the installed containerd's, else 2]")
 @click.option("--config", "config", type=click.Path(dir_okay=False, path_type=Path), default=install.CONFIG,
               show_default=True, help="The TGS config tgs-runtime reads.")
-def setup_containerd(write_to: Path | None, version: int | None, config: Path) -> None:
+def setup_containerd(write_to: Path | None, main: Path, version: int | None, config: Path) -> None:
     """The runtime handler for containerd's CRI (Kubernetes RuntimeClass `tgs`), with the
     tgs.class annotation passed through, placed where containerd reads it for the config's
     version (containerd ignores a handler under another version's plugin name). Install the
@@ -89,10 +91,10 @@ def setup_containerd(write_to: Path | None, version: int | None, config: Path) -
     runtime = install.Layout().runtime
     try:
         if write_to:
-            click.echo(containerd_config.add_handler(write_to, runtime, config, version))
+            click.echo(containerd_config.add_handler(write_to, runtime, config, version, main))
             return
         if not version:
-            host = containerd_config.ContainerdConfig.read(containerd_config.CONTAINERD_TOML)
+            host = containerd_config.ContainerdConfig.read(main)
             version = (host.version if not host.empty else None) or containerd_config.installed_version() or 2
     except containerd_config.ContainerdConfigError as e:
         raise click.ClickException(f"{e}; nothing was changed") from e

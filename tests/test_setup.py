@@ -127,7 +127,7 @@ def test_setup_containerd_for_containerd_2(tmp_path):
 
 @pytest.mark.parametrize("before,args,message", [
     ('version = 3\n[plugins."io.containerd.grpc.v1.cri".containerd.runtimes.tgs]\n  runtime_type = "x"\n', (),
-     'has a tgs runtime handler under plugins."io.containerd.grpc.v1.cri", which containerd does not read from a '
+     'tgs runtime handler: it is under plugins."io.containerd.grpc.v1.cri", which containerd does not read from a '
      'version 3 config (it reads plugins."io.containerd.cri.v1.runtime"): remove the '
      '[plugins."io.containerd.grpc.v1.cri".containerd.runtimes.tgs] section'),
     ("version = 2\n[plugins\n", (), "cannot be read as TOML"),

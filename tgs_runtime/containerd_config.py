@@ -160,15 +160,12 @@ def _list(items: list[str]) -> str:
     return "[" + ", ".join(f'"{i}"' for i in items) + "]"
 
 
-def misplaced_message(conf: ContainerdConfig) -> str:
+def _misplaced(conf: ContainerdConfig) -> tuple[str, str]:
+    """What is wrong with a tgs handler under another version's plugin, and the fix."""
     wrong = conf.misplaced()[0]
-    return (f"{conf.path} has a tgs runtime handler under plugins.\"{wrong}\", which containerd does not read "
-            f"from a version {conf.version} config (it reads plugins.\"{conf.plugin}\"): {_removal(wrong)}, then run "
-            "`tgs setup containerd --write` again")
-
-
-def _removal(plugin: str) -> str:
-    return f"remove the [plugins.\"{plugin}\".containerd.runtimes.tgs] section and its .options"
+    return (f"it is under plugins.\"{wrong}\", which containerd does not read from a version {conf.version} config "
+            f"(it reads plugins.\"{conf.plugin}\")", f"remove the [plugins.\"{wrong}\".containerd.runtimes.tgs] "
+            f"section and its .options, then tgs setup containerd --write {conf.path}")
 
 
 def add_handler(path: Path, runtime: Path, config: Path, version: int | None = None,
@@ -193,7 +190,7 @@ def add_handler(path: Path, runtime: Path, config: Path, version: int | None = N
         if version and version != conf.version:
             raise ContainerdConfigError(f"{path} is a version {conf.version} config, not {version}")
         if conf.misplaced():
-            raise ContainerdConfigError(misplaced_message(conf))
+            raise ContainerdConfigError("{}'s tgs runtime handler: {}: {}".format(path, *_misplaced(conf)))
         if conf.handler is not None:
             return f"{path} already has the tgs runtime handler"
         text = conf.text + ("" if conf.text.endswith("\n") else "\n") + stanza(conf.version, runtime, config)
@@ -219,18 +216,19 @@ def _merge_problem(release: tuple[int, int] | None, main: Path) -> str:
             "sandbox image, CNI)")
 
 
-def configs_with_handler(main: Path) -> tuple[ContainerdConfig, list[ContainerdConfig]]:
+def configs_with_handler(main: Path, release: tuple[int, int] | None) -> tuple[ContainerdConfig,
+                                                                              list[ContainerdConfig]]:
     """The main config, and those of it and the files it imports that hold a tgs handler."""
     root = ContainerdConfig.read(main)
-    files = [root] + [ContainerdConfig.read(p) for p in root.imported(imports_conf_d(installed_release()))]
+    files = [root] + [ContainerdConfig.read(p) for p in root.imported(imports_conf_d(release))]
     return root, [c for c in files if c.handlers]
 
 
-def check_placement(conf: ContainerdConfig, root: ContainerdConfig) -> list[tuple[str, str]]:
+def check_placement(conf: ContainerdConfig, root: ContainerdConfig,
+                    release: tuple[int, int] | None) -> list[tuple[str, str]]:
     """What keeps containerd from using a tgs handler in `conf`, a file `root` imports."""
     if conf.path == root.path:
         return []
-    release = installed_release()
     redo = f"remove {conf.path}, then tgs setup containerd --write {root.path}"
     if release is None or release < (2, 0):
         return [(f"it is in a file {root.path} imports, and {_merge_problem(release, root.path)}", redo)]
@@ -247,9 +245,8 @@ def check_handler(conf: ContainerdConfig) -> list[tuple[str, str]]:
     the tgs.class annotation through."""
     again = f"tgs setup containerd --write {conf.path}, then restart containerd"
     if conf.misplaced():
-        wrong = conf.misplaced()[0]
-        return [(f"it is under plugins.\"{wrong}\", which containerd does not read from a version {conf.version} "
-                 f"config (it reads plugins.\"{conf.plugin}\")", f"{_removal(wrong)}, then {again}")]
+        problem, fix = _misplaced(conf)
+        return [(problem, f"{fix}; restart containerd")]
     h = conf.handler or {}
     problems = []
     options = _table(h, "options") or {}

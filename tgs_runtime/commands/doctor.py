@@ -139,7 +139,8 @@ def check_containerd(r: Report, path: Path) -> bool | None:
     """containerd's tgs runtime handler, in its main config or a file that imports: True
     where it is right, False where it is there but wrong (said), None where there is none."""
     try:
-        root, found = containerd_config.configs_with_handler(path)
+        release = containerd_config.installed_release()
+        root, found = containerd_config.configs_with_handler(path, release)
     except containerd_config.ContainerdConfigError as e:
         r.fail(str(e), f"fix {path}: containerd cannot start with it either")
         return False
@@ -147,7 +148,7 @@ def check_containerd(r: Report, path: Path) -> bool | None:
         return None
     right = True
     for conf in found:
-        problems = containerd_config.check_placement(conf, root) + containerd_config.check_handler(conf)
+        problems = containerd_config.check_placement(conf, root, release) + containerd_config.check_handler(conf)
         for problem, fix in problems:
             r.fail(f"containerd's tgs runtime handler in {conf.path}: {problem}", fix)
         if problems:

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import os
+import stat
 import subprocess
 import sys
 from pathlib import Path
@@ -94,14 +95,16 @@ def containerd_reads(conf: Path) -> dict:
     'version = 2\n[plugins."io.containerd.grpc.v1.cri"]\n  sandbox_image = "pause:3.9"\n',
     'oom_score = 0\n[plugins.cri]\n  sandbox_image = "pause:3.9"\n',           # version 1: no version line
 ], ids=["absent", "comments", "version-2", "version-1"])
-def test_setup_containerd_puts_the_handler_where_containerd_reads_it(tmp_path, before):
-    conf = tmp_path / "config.toml"
+def test_setup_containerd_puts_the_handler_where_containerd_reads_it(prefix, before):
+    conf = prefix / CONTAINERD.lstrip("/")
     if before is not None:
+        conf.parent.mkdir(parents=True)
         conf.write_text(before)
-    first = tgs("setup", "containerd", "--containerd-config", str(conf), "--write", str(conf))
-    again = tgs("setup", "containerd", "--containerd-config", str(conf), "--write", str(conf))
+    first = setup_containerd(prefix, "--write", CONTAINERD)
+    again = setup_containerd(prefix, "--write", CONTAINERD)
     assert first.returncode == 0 and "added the tgs runtime handler" in first.stdout, first.stderr
     assert again.returncode == 0 and "already has the tgs runtime handler" in again.stdout
+    assert os.access(prefix / "usr/bin/tgs-runtime", os.X_OK) and (prefix / "usr/lib/tgs/libtgs.so").exists()
     read = containerd_reads(conf)
     assert read["tgs"] is not None, f"containerd does not see the handler in:\n{conf.read_text()}"
     assert read["tgs"]["options"]["BinaryName"] == "/usr/bin/tgs-runtime"
@@ -114,11 +117,12 @@ def test_setup_containerd_puts_the_handler_where_containerd_reads_it(tmp_path, b
         assert before in conf.read_text()
 
 
-def test_setup_containerd_for_containerd_2(tmp_path):
+def test_setup_containerd_for_containerd_2(prefix):
     """Version 3 (containerd 2) keeps runtime handlers under io.containerd.cri.v1.runtime."""
-    conf = tmp_path / "config.toml"
+    conf = prefix / CONTAINERD.lstrip("/")
+    conf.parent.mkdir(parents=True)
     conf.write_text("version = 3\n")
-    assert tgs("setup", "containerd", "--containerd-config", str(conf), "--write", str(conf)).returncode == 0
+    assert setup_containerd(prefix, "--write", CONTAINERD).returncode == 0
     written = tomllib.loads(conf.read_text())
     assert set(written["plugins"]) == {"io.containerd.cri.v1.runtime"}
     printed = tgs("setup", "containerd", "--containerd-config-version", "3").stdout
@@ -134,12 +138,32 @@ def test_setup_containerd_for_containerd_2(tmp_path):
     ("version = 7\n", (), "has version = 7: containerd's configs are versions 1, 2, 3"),
     ("version = 2\n", ("--containerd-config-version", "3"), "is a version 2 config, not 3"),
 ], ids=["another-versions-handler", "not-toml", "unknown-version", "version-mismatch"])
-def test_setup_containerd_refuses_what_it_cannot_do_right(tmp_path, before, args, message):
-    conf = tmp_path / "config.toml"
+def test_setup_containerd_refuses_what_it_cannot_do_right(prefix, before, args, message):
+    conf = prefix / CONTAINERD.lstrip("/")
+    conf.parent.mkdir(parents=True)
     conf.write_text(before)
-    out = tgs("setup", "containerd", "--containerd-config", str(conf), "--write", str(conf), *args)
+    out = setup_containerd(prefix, "--write", CONTAINERD, *args)
     assert out.returncode == 1 and message in out.stderr and "nothing was changed" in out.stderr, out.stderr
-    assert conf.read_text() == before
+    assert conf.read_text() == before and not (prefix / "usr").exists()
+
+
+def test_setup_containerd_dry_run_changes_nothing(prefix):
+    out = setup_containerd(prefix, "--write", CONTAINERD, "--dry-run")
+    assert out.returncode == 0, out.stderr
+    assert f"would add the tgs runtime handler in {prefix}{CONTAINERD}" in out.stdout and "would copy" in out.stdout
+    assert not (prefix / "etc/containerd").exists() and not (prefix / "usr").exists()
+
+
+@pytest.mark.parametrize("engine", ["docker", "containerd"])
+def test_setup_never_replaces_a_device_or_a_directory(prefix, engine):
+    """`--daemon-json /dev/null` (or --write) must not turn /dev/null into a file."""
+    (prefix / "dev").mkdir()
+    os.mknod(prefix / "dev/null", 0o666 | stat.S_IFCHR, os.makedev(1, 3))
+    args = ("docker", "--daemon-json", "/dev/null") if engine == "docker" else ("containerd", "--write", "/dev/null")
+    out = tgs("setup", *args, "--prefix", str(prefix))
+    assert out.returncode == 1 and f"{prefix}/dev/null is not a regular file" in out.stderr, out.stderr
+    assert stat.S_ISCHR(os.lstat(prefix / "dev/null").st_mode) and not (prefix / "usr").exists()
+    assert sorted(p.name for p in (prefix / "dev").iterdir()) == ["null"]
 
 
 def test_doctor_passes_on_a_working_host_and_says_what_to_fix(docker, libshim, tmp_path):
@@ -157,6 +181,14 @@ def test_doctor_passes_on_a_working_host_and_says_what_to_fix(docker, libshim, t
     assert "FAIL  tgsd is not running" in bad.stdout and "fix: systemctl enable --now tgsd" in bad.stdout
     assert f"has no tgs runtime, and {tmp_path}/none.toml no tgs runtime handler" in bad.stdout
     assert "fix: tgs setup docker, or for Kubernetes: tgs setup containerd --write" in bad.stdout
+
+
+CONTAINERD = "/etc/containerd/config.toml"
+
+
+def setup_containerd(root: Path, *args: str, env: dict[str, str] | None = None):
+    """`tgs setup containerd` installing under `root` (--prefix): paths named as on the host."""
+    return tgs("setup", "containerd", "--prefix", str(root), *args, env=env)
 
 
 def fake_containerd(tmp_path: Path, release: str, version: int) -> dict[str, str]:
@@ -178,13 +210,14 @@ MAIN_V3 = 'version = 3\n[plugins."io.containerd.cri.v1.images"]\n  snapshotter =
     ("2.1.4", MAIN_V3, 3, True),                                        # not imported: said
     ("2.1.4", 'version = 2\nimports = ["conf.d/*.toml"]\n', 2, False),  # the main config's version, not 3
 ], ids=["2.2-conf.d", "2.1-not-imported", "2.1-imports-version-2"])
-def test_setup_containerd_writes_a_drop_in_for_containerd_2(tmp_path, release, main, version, note):
+def test_setup_containerd_writes_a_drop_in_for_containerd_2(prefix, tmp_path, release, main, version, note):
     """containerd 2 merges imported files into the main config; a new drop-in gets the main
     config's version (containerd does not load one of a higher version)."""
-    (tmp_path / "main.toml").write_text(main)
-    drop_in = tmp_path / "conf.d" / "tgs.toml"
-    out = tgs("setup", "containerd", "--containerd-config", str(tmp_path / "main.toml"), "--write", str(drop_in),
-              env=fake_containerd(tmp_path, release, 3))
+    (prefix / "etc/containerd").mkdir(parents=True)
+    (prefix / CONTAINERD.lstrip("/")).write_text(main)
+    drop_in = prefix / "etc/containerd/conf.d/tgs.toml"
+    out = setup_containerd(prefix, "--write", "/etc/containerd/conf.d/tgs.toml",
+                           env=fake_containerd(tmp_path, release, 3))
     assert out.returncode == 0, out.stderr
     written = tomllib.loads(drop_in.read_text())
     assert written["version"] == version and "tgs" in written["plugins"][CRI_RUNTIME_PLUGIN[version]]["containerd"][
@@ -192,15 +225,17 @@ def test_setup_containerd_writes_a_drop_in_for_containerd_2(tmp_path, release, m
     assert ("does not import" in out.stdout) == note, out.stdout
 
 
-def test_setup_containerd_puts_no_drop_in_under_containerd_1(tmp_path):
+def test_setup_containerd_puts_no_drop_in_under_containerd_1(prefix):
     """containerd 1.x (the one installed here) replaces a plugin's whole section with an
     imported file's: a drop-in with the handler would drop the main config's CRI settings."""
-    main = tmp_path / "main.toml"
+    main = prefix / CONTAINERD.lstrip("/")
+    main.parent.mkdir(parents=True)
     main.write_text('version = 2\nimports = ["conf.d/*.toml"]\n[plugins."io.containerd.grpc.v1.cri"]\n'
                     '  sandbox_image = "pause:3.9"\n')
-    out = tgs("setup", "containerd", "--containerd-config", str(main), "--write", str(tmp_path / "conf.d/tgs.toml"))
+    out = setup_containerd(prefix, "--write", "/etc/containerd/conf.d/tgs.toml")
     assert out.returncode == 1 and "merges an imported file's plugin sections whole" in out.stderr, out.stderr
-    assert f"add the handler to {main} itself" in out.stderr and not (tmp_path / "conf.d").exists()
+    assert f"add the handler to {main} itself" in out.stderr
+    assert not (main.parent / "conf.d").exists() and not (prefix / "usr").exists()
 
 
 @pytest.mark.parametrize("release,main,drop_in_version,problem", [

@@ -17,10 +17,11 @@ import fnmatch
 import glob
 import os
 import re
-import shutil
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
+
+from tgs_runtime.install import InstallError, replace_file, replaceable
 
 try:
     import tomllib
@@ -36,7 +37,7 @@ POD_ANNOTATIONS = ["tgs.class"]
 CONTAINER_ANNOTATIONS = ["tgs.class", "nvidia.cdi.k8s.io/*"]
 
 
-class ContainerdConfigError(ValueError):
+class ContainerdConfigError(InstallError):
     """The config cannot be read or changed; the message says what is wrong and what to do."""
 
 
@@ -168,13 +169,21 @@ def _misplaced(conf: ContainerdConfig) -> tuple[str, str]:
             f"section and its .options, then tgs setup containerd --write {conf.path}")
 
 
+@dataclass(frozen=True)
+class HandlerChange:
+    path: Path
+    text: str | None  # the file's new text; None: nothing to change
+    message: str
+
+
 def add_handler(path: Path, runtime: Path, config: Path, version: int | None = None,
-                main: Path = CONTAINERD_TOML) -> str:
-    """Adds the tgs handler to the config at `path` (the main config `main`, or a file it
-    imports) for that file's version; returns what was done. An empty or absent file gets
-    `version`, else the main config's (an imported file of a higher version is not loaded),
-    else the installed containerd's, else 2, written at its top. Nothing is changed where it
-    cannot be done right."""
+                main: Path = CONTAINERD_TOML) -> HandlerChange:
+    """The config at `path` (the main config `main`, or a file it imports) with the tgs
+    handler added for that file's version, and what that does; nothing is written here. An
+    empty or absent file gets `version`, else the main config's (an imported file of a
+    higher version is not loaded), else the installed containerd's, else 2, at its top.
+    Raises where it cannot be done right."""
+    replaceable(path)
     conf = ContainerdConfig.read(path)
     root = ContainerdConfig.read(main) if path.resolve() != main.resolve() else None
     release = installed_release()
@@ -192,20 +201,18 @@ def add_handler(path: Path, runtime: Path, config: Path, version: int | None = N
         if conf.misplaced():
             raise ContainerdConfigError("{}'s tgs runtime handler: {}: {}".format(path, *_misplaced(conf)))
         if conf.handler is not None:
-            return f"{path} already has the tgs runtime handler"
+            return HandlerChange(path, None, f"{path} already has the tgs runtime handler")
         text = conf.text + ("" if conf.text.endswith("\n") else "\n") + stanza(conf.version, runtime, config)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tgs-new")
-    tmp.write_text(text)
-    if path.exists():
-        shutil.copymode(path, tmp)
-    tmp.replace(path)
-    done = (f"added the tgs runtime handler to {path} (plugins.\"{conf.plugin}\", version {conf.version}); "
-            "restart containerd to load it")
+    message = f"the tgs runtime handler in {path} (plugins.\"{conf.plugin}\", version {conf.version})"
     if root and not root.empty and not imported:
-        done += (f"\nnote: {main} does not import {path}, so containerd will not read it: add it to that "
-                 "file's imports (containerd 2.2 and later import conf.d/*.toml beside it themselves)")
-    return done
+        message += (f"\nnote: {main} does not import {path}, so containerd will not read it: add it to that "
+                    "file's imports (containerd 2.2 and later import conf.d/*.toml beside it themselves)")
+    return HandlerChange(path, text, message)
+
+
+def write(change: HandlerChange) -> None:
+    if change.text is not None:
+        replace_file(change.path, lambda tmp: tmp.write_text(change.text))
 
 
 def _merge_problem(release: tuple[int, int] | None, main: Path) -> str:
@@ -253,8 +260,7 @@ def check_handler(conf: ContainerdConfig) -> list[tuple[str, str]]:
     binary = options.get("BinaryName")
     if not binary or not os.access(str(binary), os.X_OK):
         problems.append((f"its BinaryName ({binary or 'not set'}) is not an installed tgs-runtime",
-                         "tgs setup docker installs it (--daemon-json /dev/null where there is no docker); "
-                         f"remove the handler, then {again}"))
+                         f"remove the handler, then {again} (which installs tgs-runtime too)"))
     if "tgs.class" not in (h.get("pod_annotations") or []):
         problems.append(("its pod_annotations do not pass tgs.class through: pods could not ask for a class",
                          f"remove the handler, then {again}"))

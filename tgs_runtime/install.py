@@ -11,6 +11,7 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 from tgs_runtime.paths import REPO_ROOT, artifacts
 
@@ -99,18 +100,40 @@ def file_actions(layout: Layout) -> list[Action]:
     ]
 
 
+def replaceable(path: Path) -> Path:
+    """Where a new `path` is written: the file a symlink points to. A directory, a device
+    (`--daemon-json /dev/null`) or any other non-file is never replaced."""
+    target = path.resolve() if path.is_symlink() else path
+    if target.exists() and not target.is_file():
+        raise InstallError(f"{path} is not a regular file: it would be replaced by one, so it is left alone; "
+                           "nothing was changed")
+    return target
+
+
+def replace_file(path: Path, write: Callable[[Path], object], mode: int | None = None) -> None:
+    """Replaces `path` at once (`write` fills a temporary file beside it), keeping the old
+    file's mode unless `mode` is given."""
+    target = replaceable(path)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = target.with_name(f".{target.name}.tgs-new")
+    write(tmp)
+    if mode is not None:
+        os.chmod(tmp, mode)
+    elif target.exists():
+        shutil.copymode(target, tmp)
+    os.replace(tmp, target)
+
+
 def apply_files(actions: list[Action]) -> None:
+    for act in actions:
+        replaceable(act.path)
     for act in actions:
         if act.keep_existing and act.path.exists():
             continue
-        act.path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = act.path.with_name(f".{act.path.name}.tgs-new")
         if act.source:
-            shutil.copyfile(act.source, tmp)
+            replace_file(act.path, lambda tmp, src=act.source: shutil.copyfile(src, tmp), act.mode)
         else:
-            tmp.write_text(act.text or "")
-        os.chmod(tmp, act.mode)
-        os.replace(tmp, act.path)
+            replace_file(act.path, lambda tmp, text=act.text: tmp.write_text(text or ""), act.mode)
 
 
 def remove_files(layout: Layout) -> list[Path]:
@@ -168,11 +191,9 @@ def diff(path: Path, old: dict, new: dict) -> str:
 def write_daemon_json(path: Path, old: dict, new: dict) -> Path | None:
     """Writes atomically; the previous file is kept beside it. Returns the backup."""
     backup = None
-    if path.exists():
-        backup = path.with_name(f"{path.name}.tgs-backup-{time.strftime('%Y%m%d-%H%M%S')}")
-        shutil.copy2(path, backup)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tgs-new")
-    tmp.write_text(render(new))
-    os.replace(tmp, path)
+    target = replaceable(path)
+    if target.exists():
+        backup = target.with_name(f"{target.name}.tgs-backup-{time.strftime('%Y%m%d-%H%M%S')}")
+        shutil.copy2(target, backup)
+    replace_file(target, lambda tmp: tmp.write_text(render(new)))
     return backup

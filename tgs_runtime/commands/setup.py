@@ -34,6 +34,7 @@ def setup_docker(daemon_json: Path, config: Path, prefix: Path, dry_run: bool, u
     layout = install.Layout(prefix)
     djson = layout.at(daemon_json)
     try:
+        install.replaceable(djson)
         old = install.read_daemon_json(djson)
         new = install.with_runtime(old, None if undo else install.docker_entry(layout, config))
         actions = [] if undo else install.file_actions(layout)
@@ -71,8 +72,9 @@ def setup_docker(daemon_json: Path, config: Path, prefix: Path, dry_run: bool, u
 
 @setup_group.command("containerd")
 @click.option("--write", "write_to", type=click.Path(dir_okay=False, path_type=Path),
-              help="Add the handler to this file instead of printing it: the main config, or a file it imports "
-                   "(e.g. /etc/containerd/conf.d/tgs.toml), where containerd reads it for the file's version.")
+              help="Add the handler to this file, and install the programs, instead of printing the handler: the "
+                   "main config, or a file it imports (e.g. /etc/containerd/conf.d/tgs.toml), where containerd "
+                   "reads it for the file's version.")
 @click.option("--containerd-config", "main", type=click.Path(dir_okay=False, path_type=Path),
               default=containerd_config.CONTAINERD_TOML, show_default=True,
               help="containerd's main config, whose version a new file gets and whose imports are checked.")
@@ -82,23 +84,47 @@ def setup_docker(daemon_json: Path, config: Path, prefix: Path, dry_run: bool, u
                    "file and when printing, the main config's, else the installed containerd's, else 2]")
 @click.option("--config", "config", type=click.Path(dir_okay=False, path_type=Path), default=install.CONFIG,
               show_default=True, help="The TGS config tgs-runtime reads.")
-def setup_containerd(write_to: Path | None, main: Path, version: int | None, config: Path) -> None:
+@click.option("--prefix", type=click.Path(file_okay=False, path_type=Path), default=Path("/"),
+              help="Install, and read and write the containerd configs, under this directory instead of / (for "
+                   "packaging and tests).")
+@click.option("--dry-run", is_flag=True, help="Show what --write would change; change nothing.")
+def setup_containerd(write_to: Path | None, main: Path, version: int | None, config: Path, prefix: Path,
+                     dry_run: bool) -> None:
     """The runtime handler for containerd's CRI (Kubernetes RuntimeClass `tgs`), with the
     tgs.class annotation passed through, placed where containerd reads it for the config's
-    version (containerd ignores a handler under another version's plugin name). Install the
-    programs first with `tgs setup docker --dry-run` to see them, or without docker with
-    `--daemon-json /dev/null`."""
-    runtime = install.Layout().runtime
+    version (containerd ignores a handler under another version's plugin name). With
+    --write, it is added to a containerd config and libtgs.so, tgs-runtime, tgs-hook and
+    tgsd are installed at stable paths, as `tgs setup docker` does.
+
+    Afterwards: `systemctl enable --now tgsd`, restart containerd, and give pods the
+    RuntimeClass `tgs` (docs/runtime.md has an example)."""
+    layout = install.Layout(prefix)
     try:
-        if write_to:
-            click.echo(containerd_config.add_handler(write_to, runtime, config, version, main))
+        if not write_to:
+            if not version:
+                host = containerd_config.ContainerdConfig.read(layout.at(main))
+                version = (host.version if not host.empty else None) or containerd_config.installed_version() or 2
+            click.echo(containerd_config.stanza(version, layout.runtime, config))
             return
-        if not version:
-            host = containerd_config.ContainerdConfig.read(main)
-            version = (host.version if not host.empty else None) or containerd_config.installed_version() or 2
-    except containerd_config.ContainerdConfigError as e:
-        raise click.ClickException(f"{e}; nothing was changed") from e
-    click.echo(containerd_config.stanza(version, runtime, config))
+        change = containerd_config.add_handler(layout.at(write_to), layout.runtime, config, version, layout.at(main))
+        actions = install.file_actions(layout)
+        if dry_run:
+            for a in actions:
+                click.echo(f"would {a.describe()}")
+            click.echo(f"would add {change.message}" if change.text is not None else change.message)
+            return
+        install.apply_files(actions)
+        containerd_config.write(change)
+    except (install.InstallError, MissingArtifact) as e:
+        raise click.ClickException(f"{e}{'' if 'nothing was changed' in str(e) else '; nothing was changed'}") from e
+    for a in actions:
+        click.echo(f"installed {a.path}")
+    click.echo(f"added {change.message}" if change.text is not None else change.message)
+    click.echo("\nnext: systemctl daemon-reload && systemctl enable --now tgsd\n"
+               "      systemctl restart containerd   (it reads runtime handlers when it starts)\n"
+               "      tgs doctor                     (checks it all, and how TGS containers get their GPUs)\n"
+               "      a RuntimeClass with handler: tgs, and pods with runtimeClassName: tgs and the tgs.class "
+               "annotation")
 
 
 def register(group: click.Group) -> None:

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import stat
 import subprocess
 import sys
@@ -337,6 +338,25 @@ def test_a_cdi_spec_from_before_a_driver_upgrade_is_seen(tmp_path):
     assert cdi_driver_versions(spec) == {"580.95.05"}
     spec.write_text("cdiVersion: 0.5.0\nkind: nvidia.com/gpu\n")
     assert cdi_driver_versions(spec) == set() and cdi_driver_versions(tmp_path / "gone.yaml") == set()
+
+
+def test_doctor_fails_the_cdi_route_where_dockerd_has_cdi_off(docker, simgpu, tmp_path):
+    """GPUs only by CDI, but a dockerd without it (docker 20.10 here): TGS containers would
+    start without their GPUs."""
+    d, _ = docker()
+    cdi = tmp_path / "cdi"
+    cdi.mkdir()
+    (cdi / "nvidia.yaml").write_text("cdiVersion: 0.5.0\nkind: nvidia.com/gpu\n")
+    config = tmp_path / "tgs.toml"
+    config.write_text(f"[runtime]\nlower_runtime = [\"runc\"]\n[daemon]\nstate_dir = \"{tmp_path}/state\"\n")
+    path = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+    env = simgpu.env(extra={"PATH": path, "DOCKER_HOST": d.host})
+    out = tgs("doctor", "--config", str(config), "--daemon-json", str(tmp_path / "none.json"), "--containerd-config",
+              str(tmp_path / "none.toml"), "--cdi-spec-dir", str(cdi), env=env)
+    assert "ok    dockerd has loaded the tgs runtime" in out.stdout, out.stdout + out.stderr
+    assert f"FAIL  TGS containers run on {shutil.which('runc', path=path)}: they get GPUs as CDI devices ({cdi}/nvidia.yaml)" in out.stdout
+    assert "but dockerd 20.10" in out.stdout and "has CDI off" in out.stdout, out.stdout
+    assert 'fix: turn CDI on in /etc/docker/daemon.json ("features": {"cdi": true}' in out.stdout
 
 
 @pytest.mark.parametrize("libcuda,stale", [("580.95.05", True), (None, False)])

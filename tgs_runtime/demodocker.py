@@ -23,7 +23,7 @@ from tgs_runtime.config import Config
 from tgs_runtime.paths import artifacts
 from tgs_runtime.privatedocker import rootfs_tar
 from tgs_runtime.runtime.create import Failure
-from tgs_runtime.runtime.gpu_access import CDI_KIND, GpuAccess, Route
+from tgs_runtime.runtime.gpu_access import CDI_KIND, GpuAccess, Route, docker_cdi_off
 from tgs_runtime.runtime.main import lower_runtime
 from tgs_runtime.workload import Workload
 
@@ -84,9 +84,8 @@ def find(real_gpu: bool) -> tuple[DockerTgs | None, str]:
             return None, f"the tgs runtime cannot run containers: {e}"
         if access.route == Route.NONE:
             return None, access.describe()
-        if access.route == Route.CDI and not info.get("CDISpecDirs"):  # docker 27 and later list them when on
-            return None, (f"{access.describe()}; but this dockerd has CDI off (docker 25 or later, with "
-                          "\"features\": {\"cdi\": true} in daemon.json)")
+        if access.route == Route.CDI and (off := docker_cdi_off(info)):
+            return None, f"{access.describe()}; but {off}"
         route = access.route
     return DockerTgs(client, cfg, f"dockerd {info.get('ServerVersion', '?')} ({info.get('Name', '?')})",
                      route), ""

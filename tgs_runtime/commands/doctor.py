@@ -99,8 +99,7 @@ def doctor_cmd(config_path: Path | None, daemon_json: Path, containerd_config_pa
         create = Path(entry["path"]).parent / "tgs-runtime-create"
         if not os.access(create, os.X_OK):
             r.fail(f"{create} is missing (tgs-runtime falls back to it when tgsd cannot be asked)", "tgs setup docker")
-    if entry or containerd is None:
-        check_dockerd(r)
+    dockerd = check_dockerd(r) if entry or containerd is None else None
     if cfg.sim.enabled:
         libs = [Path(cfg.sim.lib_dir or "") / n for n in ("libcuda.so.1", "libnvidia-ml.so.1")]
         missing = [str(p) for p in libs if not p.exists()]
@@ -117,8 +116,12 @@ def doctor_cmd(config_path: Path | None, daemon_json: Path, containerd_config_pa
             r.ok(f"GPU backend: NVML, driver {driver}, {count} GPU(s)")
             if lower:
                 access = gpu_access.GpuAccess.of(lower, cdi_dirs)
+                off = dockerd is not None and gpu_access.docker_cdi_off(dockerd)
                 if access.route == gpu_access.Route.NONE:
                     r.fail(access.describe(), gpu_access.FIX)
+                elif access.route == gpu_access.Route.CDI and off:
+                    r.fail(f"{access.describe()}; but {off}", "turn CDI on in /etc/docker/daemon.json "
+                           "(\"features\": {\"cdi\": true}; docker 25 or later), then systemctl restart docker")
                 else:
                     r.ok(access.describe())
                 # whichever route comes first, containers may be given GPUs by CDI too
@@ -159,20 +162,22 @@ def check_containerd(r: Report, path: Path) -> bool | None:
     return right
 
 
-def check_dockerd(r: Report) -> None:
+def check_dockerd(r: Report) -> dict | None:
+    """Whether dockerd has loaded the tgs runtime; its `docker info`, None where it does not answer."""
     try:
         import docker
 
-        client = docker.from_env(timeout=5)
-        runtimes = client.info().get("Runtimes", {})
-        if install.RUNTIME_NAME in runtimes:
-            r.ok("dockerd has loaded the tgs runtime")
-        else:
-            r.fail("dockerd runs but has not loaded the tgs runtime", "systemctl reload docker (dockerd re-reads "
-                   "runtimes on SIGHUP)")
+        info = docker.from_env(timeout=5).info()
     except Exception as e:  # docker missing or not running: say so, it is not fatal to TGS
         r.fail(f"docker is not reachable ({type(e).__name__})", "start docker, or use containerd "
                "(tgs setup containerd)")
+        return None
+    if install.RUNTIME_NAME in info.get("Runtimes", {}):
+        r.ok("dockerd has loaded the tgs runtime")
+    else:
+        r.fail("dockerd runs but has not loaded the tgs runtime", "systemctl reload docker (dockerd re-reads "
+               "runtimes on SIGHUP)")
+    return info
 
 
 def register(group: click.Group) -> None:

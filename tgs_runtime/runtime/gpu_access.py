@@ -55,6 +55,15 @@ def cdi_driver_versions(spec: Path) -> set[str]:
         return set()
 
 
+def docker_cdi_off(info: dict) -> str | None:
+    """Why dockerd, as `docker info` describes it, would not give containers CDI devices
+    (None: it would; docker 27 and later list their CDI spec directories when CDI is on)."""
+    if info.get("CDISpecDirs"):
+        return None
+    return (f"dockerd {info.get('ServerVersion', '?')} has CDI off (it needs docker 25 or later, with "
+            "\"features\": {\"cdi\": true} in daemon.json where it is not on by default)")
+
+
 @dataclass(frozen=True)
 class GpuAccess:
     route: Route

@@ -359,6 +359,38 @@ def test_doctor_fails_the_cdi_route_where_dockerd_has_cdi_off(docker, simgpu, tm
     assert 'fix: turn CDI on in /etc/docker/daemon.json ("features": {"cdi": true}' in out.stdout
 
 
+@pytest.mark.parametrize("release,enable_cdi,problem", [
+    (None, None, "but containerd 1.6 has no CDI (1.7 and later have)"),      # the one installed here
+    ("1.7.24", None, "but containerd 1.7 has CDI off"),                      # 1.7's default
+    ("1.7.24", True, None),
+    ("2.1.4", None, None),                                                   # 2.0's default
+], ids=["1.6", "1.7-default", "1.7-enabled", "2.1-default"])
+def test_doctor_checks_containerd_gives_cdi_devices(simgpu, libshim, tmp_path, release, enable_cdi, problem):
+    """A Kubernetes node whose GPUs come by CDI only: containerd must put them in."""
+    from tgs_runtime.containerd_config import stanza
+
+    cdi = tmp_path / "cdi"
+    cdi.mkdir()
+    (cdi / "nvidia.yaml").write_text("cdiVersion: 0.5.0\nkind: nvidia.com/gpu\n")
+    config = tmp_path / "tgs.toml"
+    config.write_text(f"[runtime]\nlower_runtime = [\"runc\"]\n[daemon]\nstate_dir = \"{tmp_path}/state\"\n")
+    version = 3 if release and release.startswith("2") else 2
+    plugin = CRI_RUNTIME_PLUGIN[version]
+    conf = tmp_path / "containerd.toml"
+    conf.write_text(f"version = {version}\n" + (f'[plugins."{plugin}"]\n  enable_cdi = true\n' if enable_cdi else "")
+                    + stanza(version, libshim.root / "tgs-runtime", config))
+    env = fake_containerd(tmp_path, release, 3) if release else dict(os.environ)
+    env = simgpu.env(extra={"PATH": env["PATH"], "DOCKER_HOST": f"unix://{tmp_path}/no-docker.sock"})
+    out = tgs("doctor", "--config", str(config), "--daemon-json", str(tmp_path / "none.json"), "--containerd-config",
+              str(conf), "--cdi-spec-dir", str(cdi), env=env)
+    assert f"ok    {conf} has the tgs runtime handler" in out.stdout, out.stdout + out.stderr
+    described = f"TGS containers run on {shutil.which('runc', path=env['PATH'])}: they get GPUs as CDI devices"
+    if problem is None:
+        assert f"ok    {described}" in out.stdout, out.stdout
+    else:
+        assert f"FAIL  {described}" in out.stdout and problem in out.stdout, out.stdout
+
+
 @pytest.mark.parametrize("libcuda,stale", [("580.95.05", True), (None, False)])
 def test_doctor_on_a_gpu_host_with_cdi(tmp_path, simgpu, libcuda, stale):
     """doctor's checks of a real GPU host, against simgpu's NVML (its driver reads

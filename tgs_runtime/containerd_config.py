@@ -54,6 +54,7 @@ class ContainerdConfig:
     version: int
     handlers: dict[str, dict]  # CRI plugin -> the tgs handler under it (one, where all is well)
     imports: tuple[str, ...] = ()
+    cri: dict | None = None  # the CRI runtime plugin's own settings, where this file has them
 
     @classmethod
     def read(cls, path: Path) -> "ContainerdConfig":
@@ -72,7 +73,8 @@ class ContainerdConfig:
         imports = data.get("imports", [])
         if not isinstance(imports, list) or not all(isinstance(i, str) for i in imports):
             raise ContainerdConfigError(f"{path} has imports = {imports!r}: expected a list of paths")
-        return cls(path, text, version, handlers, tuple(imports))
+        cri = _table(data, "plugins", CRI_RUNTIME_PLUGIN[version])
+        return cls(path, text, version, handlers, tuple(imports), cri)
 
     def import_patterns(self, conf_d: bool) -> list[str]:
         """What this config imports, in containerd's order: its `imports` (globs, relative to
@@ -244,6 +246,25 @@ def check_placement(conf: ContainerdConfig, root: ContainerdConfig,
                  "do not load it", f"remove {conf.path}, then tgs setup containerd --containerd-config {root.path} "
                  f"--write {conf.path}")]
     return []
+
+
+def cdi_off(main: Path, release: tuple[int, int] | None) -> tuple[str, str] | None:
+    """Why containerd would not put CDI devices (the device plugin's GPUs) into containers,
+    and the fix; None where it would, or where no containerd is installed to tell."""
+    if release is None:
+        return None
+    name = f"containerd {release[0]}.{release[1]}"
+    if release < (1, 7):
+        return (f"{name} has no CDI (1.7 and later have)", "upgrade containerd, or let the NVIDIA runtime put the "
+                "GPUs in: it is tgs-runtime's lower runtime where installed ([runtime] lower_runtime)")
+    root = ContainerdConfig.read(main)
+    enabled = release >= (2, 0)  # enable_cdi's default
+    for conf in [root] + [ContainerdConfig.read(p) for p in root.imported(imports_conf_d(release))]:
+        enabled = bool((conf.cri or {}).get("enable_cdi", enabled))
+    if enabled:
+        return None
+    return (f"{name} has CDI off", f"set enable_cdi = true in [plugins.\"{root.plugin}\"] of {main}, then restart "
+            "containerd")
 
 
 def check_handler(conf: ContainerdConfig) -> list[tuple[str, str]]:

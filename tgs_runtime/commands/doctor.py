@@ -116,12 +116,17 @@ def doctor_cmd(config_path: Path | None, daemon_json: Path, containerd_config_pa
             r.ok(f"GPU backend: NVML, driver {driver}, {count} GPU(s)")
             if lower:
                 access = gpu_access.GpuAccess.of(lower, cdi_dirs)
-                off = dockerd is not None and gpu_access.docker_cdi_off(dockerd)
+                problem = None
+                if access.route == gpu_access.Route.CDI and dockerd is not None:
+                    off = gpu_access.docker_cdi_off(dockerd)
+                    problem = off and (off, "turn CDI on in /etc/docker/daemon.json (\"features\": {\"cdi\": "
+                                       "true}; docker 25 or later), then systemctl restart docker")
+                elif access.route == gpu_access.Route.CDI and containerd:
+                    problem = containerd_config.cdi_off(containerd_config_path, containerd_config.installed_release())
                 if access.route == gpu_access.Route.NONE:
                     r.fail(access.describe(), gpu_access.FIX)
-                elif access.route == gpu_access.Route.CDI and off:
-                    r.fail(f"{access.describe()}; but {off}", "turn CDI on in /etc/docker/daemon.json "
-                           "(\"features\": {\"cdi\": true}; docker 25 or later), then systemctl restart docker")
+                elif problem:
+                    r.fail(f"{access.describe()}; but {problem[0]}", problem[1])
                 else:
                     r.ok(access.describe())
                 # whichever route comes first, containers may be given GPUs by CDI too

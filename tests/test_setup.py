@@ -148,6 +148,40 @@ def test_setup_containerd_refuses_what_it_cannot_do_right(prefix, before, args, 
     assert conf.read_text() == before and not (prefix / "usr").exists()
 
 
+@pytest.mark.parametrize("docker_too", [False, True])
+def test_setup_containerd_undo(prefix, docker_too):
+    """The handler goes, the config is as it was; the programs go unless docker still runs them."""
+    conf = prefix / CONTAINERD.lstrip("/")
+    conf.parent.mkdir(parents=True)
+    before = 'version = 2\n[plugins."io.containerd.grpc.v1.cri"]\n  sandbox_image = "pause:3.9"\n'
+    conf.write_text(before)
+    if docker_too:
+        assert tgs("setup", "docker", "--prefix", str(prefix)).returncode == 0
+    assert setup_containerd(prefix, "--write", CONTAINERD).returncode == 0
+    dry = setup_containerd(prefix, "--undo", "--dry-run")
+    assert dry.returncode == 0 and f"would remove the tgs runtime handler from {conf}" in dry.stdout, dry.stderr
+    assert "tgs" in conf.read_text()
+    out = setup_containerd(prefix, "--undo")
+    assert out.returncode == 0, out.stderr
+    assert conf.read_text() == before
+    assert (prefix / "usr/bin/tgs-runtime").exists() == docker_too and (prefix / "etc/tgs/config.toml").exists()
+    assert ("still names the tgs runtime" in out.stdout) == docker_too
+    if docker_too:  # and the other way round: docker's undo keeps what containerd's handler runs
+        assert setup_containerd(prefix, "--write", CONTAINERD).returncode == 0
+        undo_docker = tgs("setup", "docker", "--prefix", str(prefix), "--undo")
+        assert "still has the tgs runtime handler" in undo_docker.stdout and (prefix / "usr/bin/tgs-runtime").exists()
+
+
+def test_setup_containerd_undo_leaves_a_handler_it_did_not_write(prefix):
+    conf = prefix / CONTAINERD.lstrip("/")
+    conf.parent.mkdir(parents=True)
+    mine = 'version = 2\n[plugins."io.containerd.grpc.v1.cri".containerd.runtimes.tgs]\n  runtime_type = "x"\n'
+    conf.write_text(mine)
+    out = setup_containerd(prefix, "--undo")
+    assert out.returncode == 1 and "has a tgs runtime handler that tgs setup did not write" in out.stderr
+    assert conf.read_text() == mine
+
+
 def test_setup_containerd_dry_run_changes_nothing(prefix):
     out = setup_containerd(prefix, "--write", CONTAINERD, "--dry-run")
     assert out.returncode == 0, out.stderr

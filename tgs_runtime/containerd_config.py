@@ -61,8 +61,15 @@ class ContainerdConfig:
         """The config at `path` (an absent file reads as an empty one)."""
         try:
             text = path.read_text() if path.exists() else ""
+        except (OSError, UnicodeDecodeError) as e:
+            raise ContainerdConfigError(f"{path} cannot be read ({e})") from None
+        return cls.parse(path, text)
+
+    @classmethod
+    def parse(cls, path: Path, text: str) -> "ContainerdConfig":
+        try:
             data = tomllib.loads(text)
-        except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as e:
+        except tomllib.TOMLDecodeError as e:
             raise ContainerdConfigError(f"{path} cannot be read as TOML ({e})") from None
         version = data.get("version", 1)
         if version not in CRI_RUNTIME_PLUGIN:
@@ -210,6 +217,25 @@ def add_handler(path: Path, runtime: Path, config: Path, version: int | None = N
         message += (f"\nnote: {main} does not import {path}, so containerd will not read it: add it to that "
                     "file's imports (containerd 2.2 and later import conf.d/*.toml beside it themselves)")
     return HandlerChange(path, text, message)
+
+
+# the handler as tgs setup containerd writes it (this version and those before it)
+WRITTEN = re.compile(r"\n# TGS: a runtime handler for containerd's CRI.*?\n    # containerd's runc shim passes no "
+                     r"extra arguments:[^\n]*\n", re.DOTALL)
+
+
+def remove_handler(path: Path) -> HandlerChange:
+    """The config at `path` without the tgs handler that tgs setup containerd wrote there."""
+    conf = ContainerdConfig.read(path)
+    if not conf.handlers:
+        return HandlerChange(path, None, f"{path} has no tgs runtime handler")
+    text = WRITTEN.sub("", conf.text)
+    left = ContainerdConfig.parse(path, text)
+    if left.handlers:
+        plugin = next(iter(left.handlers))
+        raise ContainerdConfigError(f"{path} has a tgs runtime handler that tgs setup did not write: remove its "
+                                    f"[plugins.\"{plugin}\".containerd.runtimes.tgs] section and its .options by hand")
+    return HandlerChange(path, text, f"the tgs runtime handler from {path}")
 
 
 def write(change: HandlerChange) -> None:

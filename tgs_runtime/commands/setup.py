@@ -22,7 +22,8 @@ def setup_group() -> None:
 @click.option("--prefix", type=click.Path(file_okay=False, path_type=Path), default=Path("/"),
               help="Install under this directory instead of / (for packaging and tests).")
 @click.option("--dry-run", is_flag=True, help="Show what would change; change nothing.")
-@click.option("--undo", is_flag=True, help="Remove the tgs runtime from daemon.json and the installed programs.")
+@click.option("--undo", is_flag=True, help="Remove the tgs runtime from daemon.json, and the installed programs "
+              "unless containerd's config still has its tgs handler.")
 def setup_docker(daemon_json: Path, config: Path, prefix: Path, dry_run: bool, undo: bool) -> None:
     """Install libtgs.so, tgs-runtime, tgs-hook and tgsd at stable paths and add the `tgs`
     runtime to docker's daemon.json (every other key kept, the old file backed up).
@@ -41,17 +42,16 @@ def setup_docker(daemon_json: Path, config: Path, prefix: Path, dry_run: bool, u
     except (install.InstallError, MissingArtifact) as e:
         raise click.ClickException(str(e)) from e
     change = install.diff(djson, old, new) if new != old else ""
+    keep = undo and _containerd_uses_them(layout)
     if dry_run:
         for a in actions:
             click.echo(f"would {a.describe()}")
         if undo:
-            click.echo(f"would remove the installed programs under {prefix}")
+            click.echo(keep or f"would remove the installed programs under {prefix}")
         click.echo(change or f"{djson}: no change")
         return
     if undo:
-        removed = install.remove_files(layout)
-        for p in removed:
-            click.echo(f"removed {p}")
+        _remove_programs(layout, keep)
     else:
         install.apply_files(actions)
         for a in actions:
@@ -87,9 +87,11 @@ def setup_docker(daemon_json: Path, config: Path, prefix: Path, dry_run: bool, u
 @click.option("--prefix", type=click.Path(file_okay=False, path_type=Path), default=Path("/"),
               help="Install, and read and write the containerd configs, under this directory instead of / (for "
                    "packaging and tests).")
-@click.option("--dry-run", is_flag=True, help="Show what --write would change; change nothing.")
+@click.option("--dry-run", is_flag=True, help="Show what --write or --undo would change; change nothing.")
+@click.option("--undo", is_flag=True, help="Remove the tgs handler that tgs setup wrote from the main config and "
+              "the files it imports, and the installed programs unless docker's daemon.json still names them.")
 def setup_containerd(write_to: Path | None, main: Path, version: int | None, config: Path, prefix: Path,
-                     dry_run: bool) -> None:
+                     dry_run: bool, undo: bool) -> None:
     """The runtime handler for containerd's CRI (Kubernetes RuntimeClass `tgs`), with the
     tgs.class annotation passed through, placed where containerd reads it for the config's
     version (containerd ignores a handler under another version's plugin name). With
@@ -99,6 +101,8 @@ def setup_containerd(write_to: Path | None, main: Path, version: int | None, con
     Afterwards: `systemctl enable --now tgsd`, restart containerd, and give pods the
     RuntimeClass `tgs` (docs/runtime.md has an example)."""
     layout = install.Layout(prefix)
+    if undo:
+        return _undo_containerd(layout, layout.at(main), dry_run)
     try:
         if not write_to:
             if not version:
@@ -125,6 +129,58 @@ def setup_containerd(write_to: Path | None, main: Path, version: int | None, con
                "      tgs doctor                     (checks it all, and how TGS containers get their GPUs)\n"
                "      a RuntimeClass with handler: tgs, and pods with runtimeClassName: tgs and the tgs.class "
                "annotation")
+
+
+def _undo_containerd(layout: install.Layout, main: Path, dry_run: bool) -> None:
+    try:
+        _, found = containerd_config.configs_with_handler(main, containerd_config.installed_release())
+        changes = [containerd_config.remove_handler(c.path) for c in found]
+        for change in changes:
+            install.replaceable(change.path)
+    except install.InstallError as e:
+        raise click.ClickException(f"{e}{'' if 'nothing was changed' in str(e) else '; nothing was changed'}") from e
+    keep = _docker_uses_them(layout)
+    if dry_run:
+        for change in changes:
+            click.echo(f"would remove {change.message}")
+        click.echo(keep or f"would remove the installed programs under {layout.prefix}")
+        return
+    for change in changes:
+        containerd_config.write(change)
+        click.echo(f"removed {change.message}")
+    if not changes:
+        click.echo(f"{main} and the files it imports have no tgs runtime handler")
+    _remove_programs(layout, keep)
+    if changes:
+        click.echo("next: systemctl restart containerd")
+
+
+def _containerd_uses_them(layout: install.Layout) -> str:
+    """Why the programs stay (containerd's config still runs them), or ''."""
+    main = layout.at(containerd_config.CONTAINERD_TOML)
+    try:
+        _, found = containerd_config.configs_with_handler(main, containerd_config.installed_release())
+    except install.InstallError:
+        found = []
+    return f"kept the installed programs: {found[0].path} still has the tgs runtime handler" if found else ""
+
+
+def _docker_uses_them(layout: install.Layout) -> str:
+    """Why the programs stay (docker's daemon.json still runs them), or ''."""
+    djson = layout.at(install.DAEMON_JSON)
+    try:
+        named = install.RUNTIME_NAME in install.read_daemon_json(djson).get("runtimes", {})
+    except install.InstallError:
+        named = True  # unreadable: it may name them
+    return f"kept the installed programs: {djson} still names the tgs runtime" if named else ""
+
+
+def _remove_programs(layout: install.Layout, keep: str) -> None:
+    if keep:
+        click.echo(keep)
+        return
+    for p in install.remove_files(layout):
+        click.echo(f"removed {p}")
 
 
 def register(group: click.Group) -> None:

@@ -1,6 +1,7 @@
 """Installing TGS on a host: the files container specs embed, at stable paths (never inside
-a virtualenv), and the docker and containerd configuration. `tgs setup` and `tgs doctor`
-use this; `prefix` lets tests install into a directory instead of /."""
+a virtualenv), docker's configuration (containerd's is in containerd_config.py), and the
+one way every file is replaced. `tgs setup` and `tgs doctor` use this; `prefix` lets tests
+install into a directory instead of /."""
 from __future__ import annotations
 
 import difflib

@@ -88,7 +88,7 @@ def doctor_cmd(config_path: Path | None, daemon_json: Path, containerd_config_pa
         r.fail(str(e), f"fix {daemon_json}")
     if not entry and containerd is not None:
         click.echo(f"  -     {daemon_json} has no tgs runtime: docker is not set up for TGS, containerd is"
-                   + ("" if containerd else " (its handler needs the fix above)"))
+                   + ("" if containerd else " (see the failure above)"))
     elif not entry:
         r.fail(f"{daemon_json} has no tgs runtime, and {containerd_config_path} no tgs runtime handler",
                f"tgs setup docker, or for Kubernetes: tgs setup containerd --write {containerd_config_path}")
@@ -144,7 +144,7 @@ def doctor_cmd(config_path: Path | None, daemon_json: Path, containerd_config_pa
 
 
 def check_containerd(r: Report, path: Path) -> bool | None:
-    """containerd's tgs runtime handler, in its main config or a file that imports: True
+    """containerd's tgs runtime handler, in its main config or a file it imports: True
     where it is right, False where it is there but wrong (said), None where there is none."""
     try:
         release = containerd_config.installed_release()

@@ -120,7 +120,7 @@ def setup_containerd(write_to: Path | None, main: Path, version: int | None, con
         install.apply_files(actions)
         containerd_config.write(change)
     except (install.InstallError, MissingArtifact) as e:
-        raise click.ClickException(f"{e}{'' if 'nothing was changed' in str(e) else '; nothing was changed'}") from e
+        raise _refused(e) from e
     for a in actions:
         click.echo(f"installed {a.path}")
     click.echo(f"added {change.message}" if change.text is not None else change.message)
@@ -131,6 +131,11 @@ def setup_containerd(write_to: Path | None, main: Path, version: int | None, con
                "annotation")
 
 
+def _refused(e: Exception) -> click.ClickException:
+    said = "nothing was changed" in str(e)
+    return click.ClickException(f"{e}{'' if said else '; nothing was changed'}")
+
+
 def _undo_containerd(layout: install.Layout, main: Path, dry_run: bool) -> None:
     try:
         _, found = containerd_config.configs_with_handler(main, containerd_config.installed_release())
@@ -138,7 +143,7 @@ def _undo_containerd(layout: install.Layout, main: Path, dry_run: bool) -> None:
         for change in changes:
             install.replaceable(change.path)
     except install.InstallError as e:
-        raise click.ClickException(f"{e}{'' if 'nothing was changed' in str(e) else '; nothing was changed'}") from e
+        raise _refused(e) from e
     keep = _docker_uses_them(layout)
     if dry_run:
         for change in changes:
@@ -161,7 +166,7 @@ def _containerd_uses_them(layout: install.Layout) -> str:
     try:
         _, found = containerd_config.configs_with_handler(main, containerd_config.installed_release())
     except install.InstallError:
-        found = []
+        return f"kept the installed programs: {main} cannot be read, and may still run them"
     return f"kept the installed programs: {found[0].path} still has the tgs runtime handler" if found else ""
 
 

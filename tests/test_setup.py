@@ -80,6 +80,12 @@ def test_a_malformed_daemon_json_is_left_alone(prefix):
     assert (prefix / "etc/docker/daemon.json").read_text() == "{ not json"
 
 
+KUBEADM_RUNC = ('[plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc]\n'
+                '  runtime_type = "io.containerd.runc.v2"\n'
+                '  [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc.options]\n'
+                '    SystemdCgroup = true\n')  # kubelet's cgroup driver is systemd: runc's must be too
+
+
 def containerd_reads(conf: Path) -> dict:
     """The tgs handler as the installed containerd reads the file (`containerd config dump`)."""
     out = subprocess.run(["containerd", "--config", str(conf), "config", "dump"], capture_output=True, text=True,
@@ -95,7 +101,8 @@ def containerd_reads(conf: Path) -> dict:
     "# the cluster's containerd config\n",                                     # comments only
     'version = 2\n[plugins."io.containerd.grpc.v1.cri"]\n  sandbox_image = "pause:3.9"\n',
     'oom_score = 0\n[plugins.cri]\n  sandbox_image = "pause:3.9"\n',           # version 1: no version line
-], ids=["absent", "comments", "version-2", "version-1"])
+    'version = 2\n' + KUBEADM_RUNC,
+], ids=["absent", "comments", "version-2", "version-1", "systemd-cgroup"])
 def test_setup_containerd_puts_the_handler_where_containerd_reads_it(prefix, before):
     conf = prefix / CONTAINERD.lstrip("/")
     if before is not None:
@@ -114,6 +121,8 @@ def test_setup_containerd_puts_the_handler_where_containerd_reads_it(prefix, bef
     assert read["tgs"]["container_annotations"] == ["tgs.class", "nvidia.cdi.k8s.io/*"]
     if before and "sandbox_image" in before:
         assert read["sandbox_image"] == "pause:3.9"
+    # as runc's, which kubelet's cgroup driver matches
+    assert read["tgs"]["options"].get("SystemdCgroup", False) == bool(before and "SystemdCgroup" in before)
     if before and before.startswith("#"):
         assert before in conf.read_text()
 
@@ -300,12 +309,14 @@ def test_doctor_finds_the_handler_in_a_drop_in(tgsd, libshim, tmp_path, release,
         assert problem in out.stdout, out.stdout
 
 
-@pytest.mark.parametrize("version,binary,problem", [
-    (2, "built", None),
-    (3, "built", 'under plugins."io.containerd.grpc.v1.cri", which containerd does not read from a version 3 config'),
-    (2, "/nonexistent/tgs-runtime", "its BinaryName (/nonexistent/tgs-runtime) is not an installed tgs-runtime"),
-], ids=["right", "another-versions-plugin", "no-runtime-there"])
-def test_doctor_on_a_containerd_node_without_docker(tgsd, libshim, tmp_path, version, binary, problem):
+@pytest.mark.parametrize("version,binary,runc,problem", [
+    (2, "built", "", None),
+    (3, "built", "", 'under plugins."io.containerd.grpc.v1.cri", which containerd does not read from a version 3 '
+     'config'),
+    (2, "/nonexistent/tgs-runtime", "", "its BinaryName (/nonexistent/tgs-runtime) is not an installed tgs-runtime"),
+    (2, "built", KUBEADM_RUNC, "its SystemdCgroup is false, the default runtime's true"),
+], ids=["right", "another-versions-plugin", "no-runtime-there", "systemd-cgroup-differs"])
+def test_doctor_on_a_containerd_node_without_docker(tgsd, libshim, tmp_path, version, binary, runc, problem):
     """A Kubernetes node: the handler in containerd's config is checked, and docker's absence
     is not a failure."""
     from tgs_runtime.containerd_config import stanza
@@ -313,7 +324,7 @@ def test_doctor_on_a_containerd_node_without_docker(tgsd, libshim, tmp_path, ver
     t = tgsd()
     conf = tmp_path / "containerd.toml"
     runtime = libshim.root / "tgs-runtime" if binary == "built" else Path(binary)
-    conf.write_text(f"version = {version}\n" + stanza(2, runtime, t.config))
+    conf.write_text(f"version = {version}\n{runc}" + stanza(2, runtime, t.config))
     env = {**os.environ, "DOCKER_HOST": f"unix://{tmp_path}/no-docker.sock"}
     out = tgs("doctor", "--config", str(t.config), "--daemon-json", str(tmp_path / "none.json"),
               "--containerd-config", str(conf), env=env)

@@ -148,8 +148,9 @@ def installed_version() -> int | None:
     return version if version in CRI_RUNTIME_PLUGIN else None
 
 
-def stanza(version: int, runtime: Path, config: Path) -> str:
-    """The tgs runtime handler for a config of `version`."""
+def stanza(version: int, runtime: Path, config: Path, systemd: bool = False) -> str:
+    """The tgs runtime handler for a config of `version` (`systemd`: the default runtime's
+    SystemdCgroup, which it must share)."""
     table = f'plugins."{CRI_RUNTIME_PLUGIN[version]}".containerd.runtimes.{HANDLER}'
     return f"""
 # TGS: a runtime handler for containerd's CRI (Kubernetes RuntimeClass handler "tgs"), for a
@@ -161,7 +162,7 @@ def stanza(version: int, runtime: Path, config: Path) -> str:
   pod_annotations = {_list(POD_ANNOTATIONS)}
   container_annotations = {_list(CONTAINER_ANNOTATIONS)}
   [{table}.options]
-    BinaryName = "{runtime}"
+    BinaryName = "{runtime}"{chr(10) + "    SystemdCgroup = true" if systemd else ""}
     # containerd's runc shim passes no extra arguments: tgs-runtime reads {config} (or $TGS_CONFIG)
 """
 
@@ -200,9 +201,10 @@ def add_handler(path: Path, runtime: Path, config: Path, version: int | None = N
     if imported and (release is None or release < (2, 0)):
         raise ContainerdConfigError(f"{main} imports {path}, and {_merge_problem(release, main)}: add "
                                     f"the handler to {main} itself (tgs setup containerd --write {main})")
+    systemd = systemd_cgroup(configs(main, release) + ([] if imported or root is None else [conf]))
     if conf.empty:
         chosen = version or (root.version if root and not root.empty else None) or installed_version() or 2
-        text = f"version = {chosen}\n{conf.text}{stanza(chosen, runtime, config)}"
+        text = f"version = {chosen}\n{conf.text}{stanza(chosen, runtime, config, systemd)}"
         conf = ContainerdConfig(path, text, chosen, {})
     else:
         if version and version != conf.version:
@@ -211,7 +213,7 @@ def add_handler(path: Path, runtime: Path, config: Path, version: int | None = N
             raise ContainerdConfigError("{}'s tgs runtime handler: {}: {}".format(path, *_misplaced(conf)))
         if conf.handler is not None:
             return HandlerChange(path, None, f"{path} already has the tgs runtime handler")
-        text = conf.text + ("" if conf.text.endswith("\n") else "\n") + stanza(conf.version, runtime, config)
+        text = conf.text + ("" if conf.text.endswith("\n") else "\n") + stanza(conf.version, runtime, config, systemd)
     message = f"the tgs runtime handler in {path} (plugins.\"{conf.plugin}\", version {conf.version})"
     if root and not root.empty and not imported:
         message += (f"\nnote: {main} does not import {path}, so containerd will not read it: add it to that "
@@ -251,12 +253,24 @@ def _merge_problem(release: tuple[int, int] | None, main: Path) -> str:
             "sandbox image, CNI)")
 
 
-def configs_with_handler(main: Path, release: tuple[int, int] | None) -> tuple[ContainerdConfig,
-                                                                              list[ContainerdConfig]]:
-    """The main config, and those of it and the files it imports that hold a tgs handler."""
+def configs(main: Path, release: tuple[int, int] | None) -> list[ContainerdConfig]:
+    """The main config, then the files it imports, in the order containerd merges them."""
     root = ContainerdConfig.read(main)
-    files = [root] + [ContainerdConfig.read(p) for p in root.imported(imports_conf_d(release))]
-    return root, [c for c in files if c.handlers]
+    return [root] + [ContainerdConfig.read(p) for p in root.imported(imports_conf_d(release))]
+
+
+def systemd_cgroup(files: list[ContainerdConfig]) -> bool:
+    """Whether the default runtime (runc, unless default_runtime_name names another) has
+    systemd manage its cgroups: what kubelet's cgroup driver must match, so every handler
+    must share it (pods of a handler that differs fail to start or run unmanaged)."""
+    name, systemd = "runc", False
+    for conf in files:
+        name = (_table(conf.cri, "containerd") or {}).get("default_runtime_name", name)
+    for conf in files:
+        options = _table(conf.cri, "containerd", "runtimes", name, "options")
+        if options is not None and "SystemdCgroup" in options:
+            systemd = bool(options["SystemdCgroup"])
+    return systemd
 
 
 def check_placement(conf: ContainerdConfig, root: ContainerdConfig,
@@ -283,20 +297,21 @@ def cdi_off(main: Path, release: tuple[int, int] | None) -> tuple[str, str] | No
     if release < (1, 7):
         return (f"{name} has no CDI (1.7 and later have)", "upgrade containerd, or let the NVIDIA runtime put the "
                 "GPUs in: it is tgs-runtime's lower runtime where installed ([runtime] lower_runtime)")
-    root = ContainerdConfig.read(main)
+    files = configs(main, release)
     enabled = release >= (2, 0)  # enable_cdi's default
-    for conf in [root] + [ContainerdConfig.read(p) for p in root.imported(imports_conf_d(release))]:
+    for conf in files:
         enabled = bool((conf.cri or {}).get("enable_cdi", enabled))
     if enabled:
         return None
-    return (f"{name} has CDI off", f"set enable_cdi = true in [plugins.\"{root.plugin}\"] of {main}, then restart "
-            "containerd")
+    return (f"{name} has CDI off", f"set enable_cdi = true in [plugins.\"{files[0].plugin}\"] of {main}, then "
+            "restart containerd")
 
 
-def check_handler(conf: ContainerdConfig) -> list[tuple[str, str]]:
+def check_handler(conf: ContainerdConfig, systemd: bool) -> list[tuple[str, str]]:
     """What is wrong with the tgs handler in `conf`, and how to fix each (for tgs doctor):
-    nothing where it is where containerd reads it, runs an installed tgs-runtime and passes
-    the tgs.class annotation through."""
+    nothing where it is where containerd reads it, runs an installed tgs-runtime, passes
+    the tgs.class annotation through and has SystemdCgroup as the default runtime does
+    (`systemd`)."""
     again = f"tgs setup containerd --write {conf.path}, then restart containerd"
     if conf.misplaced():
         problem, fix = _misplaced(conf)
@@ -308,6 +323,11 @@ def check_handler(conf: ContainerdConfig) -> list[tuple[str, str]]:
     if not binary or not os.access(str(binary), os.X_OK):
         problems.append((f"its BinaryName ({binary or 'not set'}) is not an installed tgs-runtime",
                          f"remove the handler, then {again} (which installs tgs-runtime too)"))
+    if bool(options.get("SystemdCgroup", False)) != systemd:
+        problems.append((f"its SystemdCgroup is {str(not systemd).lower()}, the default runtime's "
+                         f"{str(systemd).lower()}: with kubelet's cgroup driver set to match the default runtime, "
+                         "pods of RuntimeClass tgs would not start or would run outside kubelet's cgroups",
+                         f"set SystemdCgroup = {str(systemd).lower()} in its .options, then restart containerd"))
     if "tgs.class" not in (h.get("pod_annotations") or []):
         problems.append(("its pod_annotations do not pass tgs.class through: pods could not ask for a class",
                          f"remove the handler, then {again}"))

@@ -148,15 +148,17 @@ def check_containerd(r: Report, path: Path) -> bool | None:
     where it is right, False where it is there but wrong (said), None where there is none."""
     try:
         release = containerd_config.installed_release()
-        root, found = containerd_config.configs_with_handler(path, release)
+        files = containerd_config.configs(path, release)
     except containerd_config.ContainerdConfigError as e:
         r.fail(str(e), f"fix {path}: containerd cannot start with it either")
         return False
+    found = [c for c in files if c.handlers]
     if not found:
         return None
-    right = True
+    right, systemd = True, containerd_config.systemd_cgroup(files)
     for conf in found:
-        problems = containerd_config.check_placement(conf, root, release) + containerd_config.check_handler(conf)
+        problems = (containerd_config.check_placement(conf, files[0], release)
+                    + containerd_config.check_handler(conf, systemd))
         for problem, fix in problems:
             r.fail(f"containerd's tgs runtime handler in {conf.path}: {problem}", fix)
         if problems:

@@ -105,10 +105,12 @@ def setup_containerd(write_to: Path | None, main: Path, version: int | None, con
         return _undo_containerd(layout, layout.at(main), dry_run)
     try:
         if not write_to:
+            files = containerd_config.configs(layout.at(main), containerd_config.installed_release())
             if not version:
-                host = containerd_config.ContainerdConfig.read(layout.at(main))
-                version = (host.version if not host.empty else None) or containerd_config.installed_version() or 2
-            click.echo(containerd_config.stanza(version, layout.runtime, config))
+                main_version = files[0].version if not files[0].empty else None
+                version = main_version or containerd_config.installed_version() or 2
+            systemd = containerd_config.systemd_cgroup(files)
+            click.echo(containerd_config.stanza(version, layout.runtime, config, systemd))
             return
         change = containerd_config.add_handler(layout.at(write_to), layout.runtime, config, version, layout.at(main))
         actions = install.file_actions(layout)
@@ -138,7 +140,7 @@ def _refused(e: Exception) -> click.ClickException:
 
 def _undo_containerd(layout: install.Layout, main: Path, dry_run: bool) -> None:
     try:
-        _, found = containerd_config.configs_with_handler(main, containerd_config.installed_release())
+        found = [c for c in containerd_config.configs(main, containerd_config.installed_release()) if c.handlers]
         changes = [containerd_config.remove_handler(c.path) for c in found]
         for change in changes:
             install.replaceable(change.path)
@@ -164,7 +166,7 @@ def _containerd_uses_them(layout: install.Layout) -> str:
     """Why the programs stay (containerd's config still runs them), or ''."""
     main = layout.at(containerd_config.CONTAINERD_TOML)
     try:
-        _, found = containerd_config.configs_with_handler(main, containerd_config.installed_release())
+        found = [c for c in containerd_config.configs(main, containerd_config.installed_release()) if c.handlers]
     except install.InstallError:
         return f"kept the installed programs: {main} cannot be read, and may still run them"
     return f"kept the installed programs: {found[0].path} still has the tgs runtime handler" if found else ""

@@ -349,6 +349,58 @@ def test_malformed_config_refuses_to_start(tmp_path):
     assert "control.controller = 'slowest': expected one of 'fast', 'tgs-paper'" in proc.stderr
 
 
+@pytest.mark.parametrize("address", ["path", "abstract"])
+def test_tgsd_tells_systemd_when_it_is_ready_and_when_it_stops(tgsd, tmp_path, monkeypatch, address):
+    """The unit is Type=notify: without READY=1, `systemctl start tgsd` waits, then kills it."""
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    if address == "path":
+        listener.bind(str(tmp_path / "notify"))
+        monkeypatch.setenv("NOTIFY_SOCKET", str(tmp_path / "notify"))
+    else:  # systemd's own is abstract: "@" stands for the leading NUL
+        name = f"tgs-test-notify-{os.getpid()}-{id(tmp_path)}"
+        listener.bind("\0" + name)
+        monkeypatch.setenv("NOTIFY_SOCKET", "@" + name)
+    listener.settimeout(10)
+    with listener:
+        d = tgsd()  # returns once its admin socket answers
+        assert listener.recv(64) == b"READY=1"
+        d.stop()
+        assert listener.recv(64) == b"STOPPING=1"
+
+
+@pytest.mark.parametrize("journal,json_lines", [(False, False), (True, True)])
+def test_tgsd_logs_key_value_on_a_terminal_and_json_to_the_journal(simgpu, tmp_path, journal, json_lines):
+    """`[daemon] log = "auto"`: readable on a terminal, JSON lines under systemd (JOURNAL_STREAM)."""
+    import pty
+    import select
+
+    from harness.daemon import Tgsd
+
+    t = Tgsd(simgpu, tmp_path / "tgsd", '[daemon]\nlog = "auto"\nlog_level = "info"\n')
+    master, slave = pty.openpty()
+    env = {k: v for k, v in os.environ.items() if k not in ("JOURNAL_STREAM", "NOTIFY_SOCKET")}
+    if journal:
+        env["JOURNAL_STREAM"] = "8:12345"
+    proc = subprocess.Popen([sys.executable, "-m", "tgs_runtime.daemon.main", "--config", str(t.config)],
+                            stdout=slave, stderr=slave, env=env)
+    os.close(slave)
+    out = b""
+    try:
+        deadline = time.monotonic() + 20
+        while b"tgsd started" not in out and time.monotonic() < deadline:
+            if select.select([master], [], [], 0.5)[0]:
+                out += os.read(master, 65536)
+    finally:
+        proc.terminate()
+        proc.wait(10)
+        os.close(master)
+    line = next(l for l in out.decode().splitlines() if "tgsd started" in l)
+    if json_lines:
+        assert json.loads(line)["event"] == "tgsd started", line
+    else:
+        assert not line.startswith("{") and "tgsd started" in line and "state_dir=" in line, line
+
+
 def test_sighup_reloads_what_can_change(simgpu, tgsd):
     d = tgsd()
     text = d.config.read_text().replace("[daemon]\n", "[daemon]\ncontrol_period_ms = 50\n")

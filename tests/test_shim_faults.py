@@ -88,6 +88,19 @@ def test_garbage_on_the_socket_means_pass_through(simgpu, container, libshim, ga
     assert reports[-2].iterations_per_s > 100 > reports[0].iterations_per_s, "throttled, then free"
 
 
+@pytest.mark.parametrize("level,said", [(None, False), ("warn", False), ("info", True), ("debug", True)])
+def test_a_healthy_tgs_container_is_quiet_unless_asked(simgpu, container, libshim, level, said):
+    """The shim writes to a job's stderr only at warn and above, unless TGS_LOG_LEVEL says
+    otherwise: a healthy TGS container's output is the job's own."""
+    c = container(proto.Class.PRODUCTION)
+    env = {**c.env(libshim.shim), **({"TGS_LOG_LEVEL": level} if level else {})}
+    p = simgpu.workload(Workload(kernel_us=500, kernels=4, seconds=1, param_mb=8, act_mb=8, verify=True), "quiet", env)
+    assert p.wait() == 0 and p.summary().checksum_ok
+    assert ("TGS production container" in p.stderr) == said, p.stderr
+    if not said:
+        assert "tgs[" not in p.stderr, p.stderr
+
+
 def test_tgsd_away_then_back(simgpu, container, libshim):
     c = container(proto.Class.PRODUCTION, serve=False)
     p = simgpu.workload(Workload(kernel_us=500, kernels=4, seconds=4, param_mb=8, act_mb=8), "away",

@@ -211,14 +211,24 @@ def test_missing_bundle(rt, tmp_path):
     assert p.returncode == 1 and "no config.json" in p.stderr
 
 
-def test_a_bad_tgs_config_fails_create_but_not_other_subcommands(rt, tmp_path, libshim):
+@pytest.mark.parametrize("bad", ['\n[control]\nshare = "no"\n', "\n[control\nshare = = \n"],
+                         ids=["a bad value", "not TOML"])
+def test_a_bad_tgs_config_fails_a_tgs_create_but_no_other_container(rt, tmp_path, libshim, bad):
     run, d, bundle = rt
-    _set_env(bundle, "TGS_CLASS=production", "NVIDIA_VISIBLE_DEVICES=0")
+    before = _set_env(bundle, "NVIDIA_VISIBLE_DEVICES=0")
     good = d.config.read_text()
-    d.config.write_text(good + "\n[control]\nshare = \"no\"\n")
-    p = run("create", "--bundle", str(bundle), CONTAINER_ID)
-    assert p.returncode == 1 and "bad TGS config" in p.stderr and "control.share" in p.stderr
-    d.config.write_text(good)
+    d.config.write_text(good + bad)
+    try:
+        plain = run("create", "--bundle", str(bundle), CONTAINER_ID)
+        assert plain.returncode == 0 and plain.lower_args[-3:] == ["--bundle", str(bundle), CONTAINER_ID], plain.stderr
+        assert (bundle / "config.json").read_text() == before
+        assert run("state", CONTAINER_ID).returncode == 0
+        _set_env(bundle, "TGS_CLASS=production", "NVIDIA_VISIBLE_DEVICES=0")
+        p = run("create", "--bundle", str(bundle), CONTAINER_ID)
+        assert p.returncode == 1 and "bad TGS config" in p.stderr, p.stderr
+        assert ("control.share" in p.stderr) == ("share" in bad and "= =" not in bad)
+    finally:
+        d.config.write_text(good)
 
 
 @pytest.mark.parametrize("stdin", ["", "not json", '{"pid": 1}', '{"id": 7}'])

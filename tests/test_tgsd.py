@@ -435,6 +435,11 @@ def test_status_schema(simgpu, tgsd, libshim):
                            capture_output=True, text=True, timeout=30)
     assert opp.id in human.stdout and "opportunistic" in human.stdout
     assert "no in-flight bound" in human.stdout, "no production on the GPU: opportunistic work is not bounded"
+    d.stop()
+    down = subprocess.run([sys.executable, "-m", "tgs_runtime", "status", "--state-dir", str(d.state_dir)],
+                          capture_output=True, text=True, timeout=30)
+    assert down.returncode == 1 and "tgsd is not running" in down.stderr and "systemctl start tgsd" in down.stderr
+    assert "Traceback" not in down.stderr, down.stderr
 
 
 

@@ -14,6 +14,7 @@ newer releases do not load an imported file of a higher version than the main co
 from __future__ import annotations
 
 import fnmatch
+import functools
 import glob
 import os
 import re
@@ -22,6 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tgs_runtime.install import InstallError, replace_file, replaceable
+from tgs_runtime.runtime.spec import CLASS_ANNOTATION, NVIDIA_CDI_ANNOTATION
 
 try:
     import tomllib
@@ -33,8 +35,8 @@ HANDLER = "tgs"
 CRI_RUNTIME_PLUGIN = {1: "cri", 2: "io.containerd.grpc.v1.cri", 3: "io.containerd.cri.v1.runtime"}
 # the runtime's own annotation, and the NVIDIA device plugin's CDI annotations for the NVIDIA
 # runtime (which name the pod's GPUs where containerd does not inject CDI devices itself)
-POD_ANNOTATIONS = ["tgs.class"]
-CONTAINER_ANNOTATIONS = ["tgs.class", "nvidia.cdi.k8s.io/*"]
+POD_ANNOTATIONS = [CLASS_ANNOTATION]
+CONTAINER_ANNOTATIONS = [CLASS_ANNOTATION, f"{NVIDIA_CDI_ANNOTATION}*"]
 
 
 class ContainerdConfigError(InstallError):
@@ -55,6 +57,7 @@ class ContainerdConfig:
     handlers: dict[str, dict]  # CRI plugin -> the tgs handler under it (one, where all is well)
     imports: tuple[str, ...] = ()
     cri: dict | None = None  # the CRI runtime plugin's own settings, where this file has them
+    empty: bool = False  # nothing set (absent, blank or only comments): any version may be chosen for it
 
     @classmethod
     def read(cls, path: Path) -> "ContainerdConfig":
@@ -81,7 +84,7 @@ class ContainerdConfig:
         if not isinstance(imports, list) or not all(isinstance(i, str) for i in imports):
             raise ContainerdConfigError(f"{path} has imports = {imports!r}: expected a list of paths")
         cri = _table(data, "plugins", CRI_RUNTIME_PLUGIN[version])
-        return cls(path, text, version, handlers, tuple(imports), cri)
+        return cls(path, text, version, handlers, tuple(imports), cri, not data)
 
     def import_patterns(self, conf_d: bool) -> list[str]:
         """What this config imports, in containerd's order: its `imports` (globs, relative to
@@ -104,11 +107,6 @@ class ContainerdConfig:
         return [p for p in seen if p != self.path]
 
     @property
-    def empty(self) -> bool:
-        """Nothing set (absent, blank or only comments): any version may be chosen for it."""
-        return not tomllib.loads(self.text)
-
-    @property
     def plugin(self) -> str:
         return CRI_RUNTIME_PLUGIN[self.version]
 
@@ -122,6 +120,7 @@ class ContainerdConfig:
         return [p for p in self.handlers if p != self.plugin]
 
 
+@functools.cache
 def installed_release() -> tuple[int, int] | None:
     """The installed containerd's major and minor release, None where it is not installed."""
     try:
@@ -137,6 +136,7 @@ def imports_conf_d(release: tuple[int, int] | None) -> bool:
     return release is not None and release >= (2, 2)
 
 
+@functools.cache
 def installed_version() -> int | None:
     """The config version of the installed containerd (its `config default`): 3 for
     containerd 2, 2 for 1.x; None where containerd is not installed."""
@@ -146,6 +146,12 @@ def installed_version() -> int | None:
     except (OSError, subprocess.TimeoutExpired, tomllib.TOMLDecodeError):
         return None
     return version if version in CRI_RUNTIME_PLUGIN else None
+
+
+def new_file_version(main: ContainerdConfig | None) -> int:
+    """The version a new file gets: the main config's (an imported file of a higher version
+    is not loaded), else the installed containerd's, else 2."""
+    return (main.version if main and not main.empty else None) or installed_version() or 2
 
 
 def stanza(version: int, runtime: Path, config: Path, systemd: bool = False) -> str:
@@ -202,10 +208,10 @@ def add_handler(path: Path, runtime: Path, config: Path, version: int | None = N
         raise ContainerdConfigError(f"{main} imports {path}, and {_merge_problem(release, main)}: add "
                                     f"the handler to {main} itself (tgs setup containerd --write {main})")
     systemd = systemd_cgroup(configs(main, release) + ([] if imported or root is None else [conf]))
+    written = conf.version
     if conf.empty:
-        chosen = version or (root.version if root and not root.empty else None) or installed_version() or 2
-        text = f"version = {chosen}\n{conf.text}{stanza(chosen, runtime, config, systemd)}"
-        conf = ContainerdConfig(path, text, chosen, {})
+        written = version or new_file_version(root)
+        text = f"version = {written}\n{conf.text}{stanza(written, runtime, config, systemd)}"
     else:
         if version and version != conf.version:
             raise ContainerdConfigError(f"{path} is a version {conf.version} config, not {version}")
@@ -214,7 +220,7 @@ def add_handler(path: Path, runtime: Path, config: Path, version: int | None = N
         if conf.handler is not None:
             return HandlerChange(path, None, f"{path} already has the tgs runtime handler")
         text = conf.text + ("" if conf.text.endswith("\n") else "\n") + stanza(conf.version, runtime, config, systemd)
-    message = f"the tgs runtime handler in {path} (plugins.\"{conf.plugin}\", version {conf.version})"
+    message = f"the tgs runtime handler in {path} (plugins.\"{CRI_RUNTIME_PLUGIN[written]}\", version {written})"
     if root and not root.empty and not imported:
         message += (f"\nnote: {main} does not import {path}, so containerd will not read it: add it to that "
                     "file's imports (containerd 2.2 and later import conf.d/*.toml beside it themselves)")
@@ -228,6 +234,7 @@ WRITTEN = re.compile(r"\n# TGS: a runtime handler for containerd's CRI.*?\n    #
 
 def remove_handler(path: Path) -> HandlerChange:
     """The config at `path` without the tgs handler that tgs setup containerd wrote there."""
+    replaceable(path)
     conf = ContainerdConfig.read(path)
     if not conf.handlers:
         return HandlerChange(path, None, f"{path} has no tgs runtime handler")
@@ -328,7 +335,7 @@ def check_handler(conf: ContainerdConfig, systemd: bool) -> list[tuple[str, str]
                          f"{str(systemd).lower()}: with kubelet's cgroup driver set to match the default runtime, "
                          "pods of RuntimeClass tgs would not start or would run outside kubelet's cgroups",
                          f"set SystemdCgroup = {str(systemd).lower()} in its .options, then restart containerd"))
-    if "tgs.class" not in (h.get("pod_annotations") or []):
+    if CLASS_ANNOTATION not in (h.get("pod_annotations") or []):
         problems.append(("its pod_annotations do not pass tgs.class through: pods could not ask for a class",
                          f"remove the handler, then {again}"))
     return problems

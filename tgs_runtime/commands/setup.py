@@ -106,9 +106,7 @@ def setup_containerd(write_to: Path | None, main: Path, version: int | None, con
     try:
         if not write_to:
             files = containerd_config.configs(layout.at(main), containerd_config.installed_release())
-            if not version:
-                main_version = files[0].version if not files[0].empty else None
-                version = main_version or containerd_config.installed_version() or 2
+            version = version or containerd_config.new_file_version(files[0])
             systemd = containerd_config.systemd_cgroup(files)
             click.echo(containerd_config.stanza(version, layout.runtime, config, systemd))
             return
@@ -142,8 +140,6 @@ def _undo_containerd(layout: install.Layout, main: Path, dry_run: bool) -> None:
     try:
         found = [c for c in containerd_config.configs(main, containerd_config.installed_release()) if c.handlers]
         changes = [containerd_config.remove_handler(c.path) for c in found]
-        for change in changes:
-            install.replaceable(change.path)
     except install.InstallError as e:
         raise _refused(e) from e
     keep = _docker_uses_them(layout)

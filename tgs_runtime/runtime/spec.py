@@ -30,7 +30,8 @@ GPU_NODE = "/dev/nvidia{}"
 MIG_CAPS_DIR = "/dev/nvidia-caps/"  # a MIG instance's access nodes, beside its parent GPU's
 CDI_VENDOR = "nvidia.com"  # the device plugin names its own kind: k8s.device-plugin.nvidia.com/gpu
 CDI_KIND = f"{CDI_VENDOR}/gpu"  # CDI's name for NVIDIA GPUs: nvidia.com/gpu=0, =GPU-<uuid>, =all
-CDI_ANNOTATIONS = ("cdi.k8s.io/", "nvidia.cdi.k8s.io/")  # the device plugin's, for containerd or the NVIDIA runtime
+NVIDIA_CDI_ANNOTATION = "nvidia.cdi.k8s.io/"  # the device plugin's for the NVIDIA runtime in CDI mode
+CDI_ANNOTATIONS = ("cdi.k8s.io/", NVIDIA_CDI_ANNOTATION)  # the device plugin's, for containerd or the NVIDIA runtime
 SANDBOX_ANNOTATIONS = {
     "io.kubernetes.cri.container-type": "sandbox",     # containerd CRI
     "io.kubernetes.docker.type": "podsandbox",         # dockershim

@@ -3,6 +3,7 @@ the admin socket (as tgs-runtime registers containers). Bounds are loose and rea
 simgpu's own accounting; exact figures belong to bench/."""
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import signal
@@ -541,3 +542,39 @@ def test_opportunistic_kernels_longer_than_production_s_gaps_still_run(simgpu, t
     kernels = sim.between(before, after, "kernels")
     assert kernels["opp"] >= 8, f"the opportunistic job ran {kernels['opp']:.0f} kernels of 15 ms in 4 s"
     assert kernels["prod"] / HALF.kernels > 100, f"production ran {kernels['prod'] / HALF.kernels:.0f} iterations"
+
+
+def test_each_gpu_of_a_host_is_shared_on_its_own(simgpu, tgsd, libshim):
+    """On a host of several GPUs, production on one holds back opportunistic work on that
+    one only. Production is given GPU 1 the way a container is (it is the only GPU it sees,
+    as its CUDA device 0); an opportunistic container has both GPUs and works on each: on
+    GPU 0, where no production runs, it runs free; on GPU 1 it gets production's idle time."""
+    simgpu.devices = 2
+    d = tgsd()
+    prod, opp = d.register("production", ["1"]), d.register("opportunistic", ["all"])
+    only_gpu_1 = {**prod.env(libshim.shim), "SIMGPU_VISIBLE_DEVICES": "1"}
+    solo = simgpu.workload(Workload.with_duty(0.5, seconds=4, report_s=0.5), "solo", only_gpu_1)
+    simgpu.wait_for_contexts(["solo"], device=1)
+    time.sleep(1)
+    alone = sim.busy_between(*simgpu.snapshots(2), device=1)["solo"] / 2
+    solo.wait()
+    p = simgpu.workload(HALF, "prod", only_gpu_1)
+    free = simgpu.workload(HOG, "opp-gpu0", opp.env(libshim.shim))
+    beside = simgpu.workload(dataclasses.replace(HOG, device=1), "opp-gpu1", opp.env(libshim.shim))
+    simgpu.wait_for_contexts(["opp-gpu0"], device=0)
+    simgpu.wait_for_contexts(["prod", "opp-gpu1"], device=1)
+    time.sleep(3)
+    before, after = simgpu.snapshots(4)
+    gpu0, gpu1 = sim.busy_between(before, after, device=0), sim.busy_between(before, after, device=1)
+    status = d.status()["gpus"]
+    for proc in (p, free, beside):
+        proc.wait()
+        assert proc.returncode == 0, proc.stderr
+    prod_share, opp_share, free_share = gpu1["prod"] / 4, gpu1["opp-gpu1"] / 4, gpu0["opp-gpu0"] / 4
+    assert 0.4 <= alone <= 0.55, f"the production job alone keeps GPU 1 busy {alone:.2f} of the time"
+    assert "prod" not in gpu0, "production ran on GPU 0, which its container was not given"
+    assert prod_share >= 0.9 * alone, f"production: {prod_share:.3f} of GPU 1's engine shared, {alone:.3f} alone"
+    assert opp_share >= 0.4 * (1 - alone), f"opportunistic got {opp_share:.3f} of GPU 1; idle was {1 - alone:.3f}"
+    assert free_share >= 0.9, f"with no production on GPU 0, opportunistic work there got only {free_share:.3f} of it"
+    ids = [sorted(c["id"] for c in g["containers"]) for g in status]
+    assert ids == [[opp.id], sorted([prod.id, opp.id])], f"containers per GPU: {ids}"

@@ -548,7 +548,8 @@ def test_each_gpu_of_a_host_is_shared_on_its_own(simgpu, tgsd, libshim):
     """On a host of several GPUs, production on one holds back opportunistic work on that
     one only. Production is given GPU 1 the way a container is (it is the only GPU it sees,
     as its CUDA device 0); an opportunistic container has both GPUs and works on each: on
-    GPU 0, where no production runs, it runs free; on GPU 1 it gets production's idle time."""
+    GPU 0, where no production runs, it runs free; on GPU 1 it gets production's idle time.
+    Each GPU counts the memory its containers hold on it."""
     simgpu.devices = 2
     d = tgsd()
     prod, opp = d.register("production", ["1"]), d.register("opportunistic", ["all"])
@@ -560,7 +561,7 @@ def test_each_gpu_of_a_host_is_shared_on_its_own(simgpu, tgsd, libshim):
     solo.wait()
     p = simgpu.workload(HALF, "prod", only_gpu_1)
     free = simgpu.workload(HOG, "opp-gpu0", opp.env(libshim.shim))
-    beside = simgpu.workload(dataclasses.replace(HOG, device=1), "opp-gpu1", opp.env(libshim.shim))
+    beside = simgpu.workload(dataclasses.replace(HOG, device=1, param_mb=48), "opp-gpu1", opp.env(libshim.shim))
     simgpu.wait_for_contexts(["opp-gpu0"], device=0)
     simgpu.wait_for_contexts(["prod", "opp-gpu1"], device=1)
     time.sleep(3)
@@ -576,5 +577,7 @@ def test_each_gpu_of_a_host_is_shared_on_its_own(simgpu, tgsd, libshim):
     assert prod_share >= 0.9 * alone, f"production: {prod_share:.3f} of GPU 1's engine shared, {alone:.3f} alone"
     assert opp_share >= 0.4 * (1 - alone), f"opportunistic got {opp_share:.3f} of GPU 1; idle was {1 - alone:.3f}"
     assert free_share >= 0.9, f"with no production on GPU 0, opportunistic work there got only {free_share:.3f} of it"
-    ids = [sorted(c["id"] for c in g["containers"]) for g in status]
-    assert ids == [[opp.id], sorted([prod.id, opp.id])], f"containers per GPU: {ids}"
+    held = [{c["id"]: c["memory"]["footprint"] >> 20 for c in g["containers"]} for g in status]
+    assert set(held[0]) == {opp.id} and set(held[1]) == {prod.id, opp.id}, f"containers per GPU: {held}"
+    # the opportunistic job on GPU 1 holds 32 MiB more than the one on GPU 0 (48 + 16 against 16 + 16)
+    assert held[1][opp.id] - held[0][opp.id] == 32 and held[1][prod.id] >= 32, f"MiB held per GPU: {held}"

@@ -147,6 +147,34 @@ def test_docker_kill_deregisters(docker):
     d.docker("rm", "-f", cid, check=False)
 
 
+def test_a_process_started_by_docker_exec_is_shared_too(docker, simgpu):
+    """A job started with `docker exec` in a running TGS container (a common way to run
+    training) gets the shim and the container's place in tgsd, though docker gives it the
+    image's environment, not the one tgs-runtime wrote into the spec: the shim is in the
+    container's /etc/ld.so.preload and finds its control block at /run/tgs. Only the
+    simulated driver's own settings are passed on (a real driver needs none)."""
+    d, t = docker()
+    cid = d.docker("run", "-d", "--network", "none", "--runtime=tgs", "-e", "TGS_CLASS=opportunistic", "-e",
+                   "NVIDIA_VISIBLE_DEVICES=0", IMAGE, "sleep", "60").stdout.strip()
+    assert t.container(cid)["processes"] == 0
+    sim_env = "export $(tr '\\0' '\\n' < /proc/1/environ | grep -E '^(SIMGPU_|LD_LIBRARY_PATH=)')"
+    job = " ".join(workload(Workload(kernel_us=1000, kernels=10, seconds=4, report_s=0.5)))
+    e = d.popen("exec", "-e", "SIMGPU_LABEL=exec", cid, "sh", "-c", f"{sim_env}; env | grep -c ^TGS_DIR=; {job}")
+    simgpu.wait_for_contexts(["exec"], timeout=30)
+    time.sleep(1)
+    seen = t.container(cid)
+    out, err = e.communicate(timeout=60)
+    assert e.returncode == 0, err
+    assert out.splitlines()[0] == "0", "the exec'd job had no TGS_DIR: docker gives it the image's environment"
+    assert seen["processes"] == 1 and seen["launches"] > 0, f"tgsd's view of the container during the exec: {seen}"
+    assert seen["memory"]["footprint"] >= 32 << 20, f"its memory is the container's: {seen['memory']}"
+    deadline = time.monotonic() + 10
+    while t.container(cid)["processes"] and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert t.container(cid)["processes"] == 0 and t.container(cid)["phase"] == "attached"
+    d.docker("rm", "-f", cid, check=False)
+
+
 def test_with_tgsd_stopped_create_fails_clearly(docker):
     d, t = docker(run_tgsd=False)
     out = d.docker(*run_args("-e", "TGS_CLASS=production", "-e", "NVIDIA_VISIBLE_DEVICES=0", IMAGE), "true",

@@ -175,6 +175,25 @@ def test_a_process_started_by_docker_exec_is_shared_too(docker, simgpu):
     d.docker("rm", "-f", cid, check=False)
 
 
+def test_a_stopped_tgs_container_started_again_is_a_tgs_container_again(docker):
+    """`docker stop` then `docker start` (or `docker restart`, or a restart policy) makes the
+    container again under the same id: it is deregistered when it stops and registered
+    again, once, when it starts, with the shim in its processes."""
+    d, t = docker()
+    cid = d.docker("run", "-d", "--network", "none", "--runtime=tgs", "-e", "TGS_CLASS=opportunistic", "-e",
+                   "NVIDIA_VISIBLE_DEVICES=0", IMAGE, "sleep", "60").stdout.strip()
+    d.docker("stop", "-t", "0", cid)
+    deadline = time.monotonic() + 10
+    while t.status()["gpus"][0]["containers"] and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert t.status()["gpus"][0]["containers"] == [], "a stopped container is deregistered"
+    d.docker("start", cid)
+    d.docker("restart", "-t", "0", cid)
+    assert [(c["id"], c["phase"]) for c in t.status()["gpus"][0]["containers"]] == [(cid, "attached")]
+    assert "/usr/lib/tgs/libtgs.so" in d.docker("exec", cid, "maps").stdout
+    d.docker("rm", "-f", cid, check=False)
+
+
 def test_with_tgsd_stopped_create_fails_clearly(docker):
     d, t = docker(run_tgsd=False)
     out = d.docker(*run_args("-e", "TGS_CLASS=production", "-e", "NVIDIA_VISIBLE_DEVICES=0", IMAGE), "true",

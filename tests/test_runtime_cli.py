@@ -184,6 +184,8 @@ def test_with_tgsd_down_tgs_containers_fail_and_others_start(rt):
     (("TGS_CLASS=opportunistic", "NVIDIA_VISIBLE_DEVICES=void"),
      [*cdi_nodes(0), ("/dev/nvidia-caps/nvidia-cap21", 511, 21)],
      "GPU /dev/nvidia0 (with /dev/nvidia-caps/nvidia-cap21) is a MIG instance: TGS shares whole GPUs"),
+    (("TGS_CLASS=opportunistic", "NVIDIA_VISIBLE_DEVICES=0", "TGS_CONVERT_MEMORY=false"), (),
+     "TGS_CONVERT_MEMORY=false: an opportunistic container's GPU memory is always managed memory"),
 ])
 def test_refused_creates_leave_nothing_behind(rt, env, devices, message):
     run, d, bundle = rt
@@ -195,6 +197,16 @@ def test_refused_creates_leave_nothing_behind(rt, env, devices, message):
     assert last["level"] == "error" and message in last["msg"], "the line the containerd shim shows"
     assert (bundle / "config.json").read_text() == before
     assert d.status()["gpus"][0]["containers"] == [] and list((d.state_dir / "c").iterdir()) == []
+
+
+def test_a_production_container_asks_to_keep_its_device_memory(rt):
+    """TGS_CONVERT_MEMORY=false reaches tgsd through create: the container's memory is not
+    converted, though the host converts production's."""
+    run, d, bundle = rt
+    _set_env(bundle, "TGS_CLASS=production", "NVIDIA_VISIBLE_DEVICES=0", "TGS_CONVERT_MEMORY=false")
+    p = run("create", "--bundle", str(bundle), CONTAINER_ID)
+    assert p.returncode == 0, p.stderr
+    assert d.container(CONTAINER_ID)["memory"]["converted"] is False
 
 
 def test_malformed_config_json(rt):

@@ -148,7 +148,27 @@ def test_classify(env, annotations, default, want, devices, mounts):
     assert classify(spec_with(env, annotations, devices, mounts), default) == want
 
 
+@pytest.mark.parametrize("env,annotations,want", [
+    ((), {}, None),
+    (("TGS_CONVERT_MEMORY=false",), {}, False),
+    (("TGS_CONVERT_MEMORY=TRUE",), {}, True),
+    (("TGS_CONVERT_MEMORY=",), {}, None),
+    (("TGS_CONVERT_MEMORY=true",), {"tgs.convert-memory": "false"}, False),
+], ids=["host's", "env false", "env true", "env empty", "annotation wins"])
+def test_a_production_container_may_keep_its_device_memory(env, annotations, want):
+    """TGS_CONVERT_MEMORY (or the tgs.convert-memory annotation) is a production
+    container's own choice of [memory] convert_production: false keeps its allocations
+    plain device memory, which CUDA IPC needs."""
+    spec = spec_with(("TGS_CLASS=production", "NVIDIA_VISIBLE_DEVICES=0", *env), annotations)
+    assert classify(spec) == Request("production", ["0"], want)
+
+
 def test_classify_refuses_with_reasons():
+    with pytest.raises(SpecError, match="TGS_CONVERT_MEMORY='no': expected true or false"):
+        classify(spec_with(("TGS_CLASS=production", "NVIDIA_VISIBLE_DEVICES=0", "TGS_CONVERT_MEMORY=no")))
+    with pytest.raises(SpecError, match="annotation tgs.convert-memory=false: an opportunistic container's GPU "
+                                        "memory is always managed memory .* can run as production"):
+        classify(spec_with(("TGS_CLASS=opportunistic", "NVIDIA_VISIBLE_DEVICES=0"), {"tgs.convert-memory": "false"}))
     with pytest.raises(SpecError, match="TGS_CLASS='batch'"):
         classify(spec_with(("TGS_CLASS=batch", "NVIDIA_VISIBLE_DEVICES=0")))
     with pytest.raises(SpecError, match="needs a GPU: set NVIDIA_VISIBLE_DEVICES .* or a CDI device"):

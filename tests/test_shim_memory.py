@@ -155,9 +155,10 @@ def test_cuda_ipc_on_converted_memory_fails_as_the_driver_says_and_the_shim_says
     out, err = ipc(container(proto.Class.OPPORTUNISTIC))
     assert out == {"first": "CUDA_ERROR_INVALID_VALUE", "second": "CUDA_ERROR_INVALID_VALUE"}, "the driver's answer"
     assert err.count("cuIpcGetMemHandle failed") == 1, f"said once per process: {err}"
-    assert "cannot run as opportunistic" in err and "convert_production = false" in err
+    assert "cannot run as opportunistic: run it as production with TGS_CONVERT_MEMORY=false" in err
     out, err = ipc(container(proto.Class.PRODUCTION))
-    assert out["first"] == "CUDA_ERROR_INVALID_VALUE" and "convert_production = false" in err
+    assert out["first"] == "CUDA_ERROR_INVALID_VALUE" and "TGS_CONVERT_MEMORY=false" in err \
+        and "convert_production = false" in err
     out, err = ipc(container(proto.Class.PRODUCTION, convert=False))
     assert out == {"first": "CUDA_SUCCESS", "second": "CUDA_SUCCESS"}, "plain device memory exports"
     assert "cuIpcGetMemHandle" not in err

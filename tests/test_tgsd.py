@@ -223,6 +223,30 @@ def test_memory_oversubscription_protects_production(simgpu, tgsd, libshim):
     assert any(e["op"] == "evict" for e in orders)
 
 
+def test_a_production_container_can_keep_plain_device_memory(simgpu, tgsd, libshim):
+    """A production container that asks (TGS_CONVERT_MEMORY=false, sent as reserve's
+    `convert`) keeps its allocations plain device memory where the host converts
+    production's; another on the same host is converted. The choice is the container's for
+    its life: the same id asked again otherwise is refused."""
+    d = tgsd()
+    plain, managed = d.register("production", convert=False), d.register("production")
+    job = Workload(seconds=3, kernels=2, report_s=0.5)
+    procs = [simgpu.workload(job, c.id, c.env(libshim.shim)) for c in (plain, managed)]
+    snap = simgpu.wait_for_contexts([plain.id, managed.id])
+    held = {c.id: d.container(c.id)["memory"] for c in (plain, managed)}
+    for p in procs:
+        p.wait()
+        assert p.returncode == 0, p.stderr
+    ctx = sim.contexts(snap, 0)
+    assert ctx[plain.id]["device_bytes"] >= 32 << 20 and ctx[plain.id]["resident_bytes"] == 0
+    assert ctx[managed.id]["device_bytes"] == 0 and ctx[managed.id]["resident_bytes"] >= 32 << 20
+    assert held[plain.id]["converted"] is False and held[managed.id]["converted"] is True
+    assert held[plain.id]["footprint"] >= 32 << 20, "plain device memory is the container's footprint as well"
+    with pytest.raises(Refused, match=f"container {plain.id} is already registered .* with convert false"):
+        d.admin.reserve(plain.id, "production", ["0"], convert=True)
+    assert d.admin.reserve(plain.id, "production", ["0"], convert=False)["id"] == plain.id, "the same request again"
+
+
 def test_opportunistic_quota(simgpu, tgsd, libshim):
     simgpu.memory = "2G"
     d = tgsd('[memory]\nopportunistic_quota = "25%"\n')
@@ -296,6 +320,10 @@ def test_bad_requests_are_refused_with_a_reason(simgpu, tgsd):
         d.admin.reserve("a", "production", ["7"])
     with pytest.raises(Refused, match="no GPUs"):
         d.admin.reserve("a", "production", [])
+    with pytest.raises(Refused, match="convert 'no': expected true or false"):
+        d.admin.call("reserve", id="a", **{"class": "production"}, gpus=["0"], convert="no")
+    with pytest.raises(Refused, match="an opportunistic container's memory is always converted"):
+        d.admin.reserve("a", "opportunistic", ["0"], convert=False)
     with pytest.raises(Refused, match="container id"):
         d.admin.reserve("../etc", "production", ["0"])
     with pytest.raises(Refused, match="not reserved"):
@@ -428,7 +456,8 @@ def test_status_schema(simgpu, tgsd, libshim):
     assert c["id"] == opp.id and c["class"] == "opportunistic"
     assert {"budget_blocks_per_s", "inflight_max", "progress_blocks_per_s", "attained_blocks", "memory", "syncs",
             "iteration_starts", "busy_s", "gated_s", "beside_production_s"} <= set(c)
-    assert {"footprint", "resident", "evicted", "quota"} <= set(c["memory"])
+    assert {"footprint", "resident", "evicted", "quota", "vmm", "converted"} <= set(c["memory"])
+    assert c["memory"]["converted"] is True, "an opportunistic container's memory is always converted"
     deadline = time.monotonic() + 10
     while d.status()["gpus"][0]["controller"]["inflight_max"] is None and time.monotonic() < deadline:
         time.sleep(0.1)

@@ -37,8 +37,11 @@ class AdminClient:
             raise Refused(reply.get("error") or "refused without a reason")
         return reply
 
-    def reserve(self, cid: str, cls: str, gpus: list[str]) -> dict:
-        return self.call("reserve", id=cid, **{"class": cls}, gpus=gpus)
+    def reserve(self, cid: str, cls: str, gpus: list[str], convert: bool | None = None) -> dict:
+        """`convert`: whether the container's device allocations become managed memory
+        (None: tgsd's [memory] convert_production)."""
+        extra = {} if convert is None else {"convert": convert}
+        return self.call("reserve", id=cid, **{"class": cls}, gpus=gpus, **extra)
 
     def attach(self, cid: str, pid: int) -> dict:
         return self.call("attach", id=cid, pid=pid)

@@ -105,10 +105,11 @@ class ChildTgsd:
                 time.sleep(0.05)
         raise TimeoutError(f"tgsd did not answer in {timeout}s:\n{self.log_path.read_text()[-3000:]}")
 
-    def register(self, cls: str, gpus: list[str] | None = None, cid: str | None = None) -> ProcessContainer:
+    def register(self, cls: str, gpus: list[str] | None = None, cid: str | None = None,
+                 convert: bool | None = None) -> ProcessContainer:
         """Reserves and attaches a container of plain processes (`reserve`, then `attach`)."""
         cid = cid or f"{cls[:4]}{len(self.inits) + 1}"
-        reply = self.admin.reserve(cid, cls, gpus or ["0"])
+        reply = self.admin.reserve(cid, cls, gpus or ["0"], convert)
         init = subprocess.Popen(["sleep", "86400"])
         self.inits.append(init)
         self.admin.attach(cid, init.pid)

@@ -371,15 +371,15 @@ TGS_API CUresult CUDAAPI cuIpcGetMemHandle(CUipcMemHandle *pHandle, CUdeviceptr 
         if (g_tgs.cls == TGS_CLASS_PRODUCTION)
             tgs_log(TGS_LOG_WARN,
                     "cuIpcGetMemHandle failed: TGS made this device allocation managed memory, which CUDA IPC "
-                    "cannot share. For production jobs that share GPU memory between processes, set "
-                    "convert_production = false in the [memory] section of tgsd's config (/etc/tgs/config.toml), "
-                    "restart tgsd and start the container again");
+                    "cannot share. Start this production container again with TGS_CONVERT_MEMORY=false (or the "
+                    "annotation tgs.convert-memory=false); for every production container, set convert_production "
+                    "= false in the [memory] section of tgsd's config (/etc/tgs/config.toml)");
         else
             tgs_log(TGS_LOG_WARN,
                     "cuIpcGetMemHandle failed: an opportunistic container's GPU memory is managed memory (so that "
                     "tgsd can move it to the host), which CUDA IPC cannot share. A job that shares GPU memory "
-                    "between processes cannot run as opportunistic: run it as production, with convert_production "
-                    "= false in the [memory] section of tgsd's config (/etc/tgs/config.toml)");
+                    "between processes cannot run as opportunistic: run it as production with "
+                    "TGS_CONVERT_MEMORY=false");
     }
     return r;
 }

@@ -41,8 +41,9 @@ class Tgsd(ChildTgsd):
     def kill9(self) -> None:
         self.stop(signal.SIGKILL)
 
-    def register(self, cls: str, gpus: list[str] | None = None, cid: str | None = None) -> Registration:
-        c = super().register(cls, gpus, cid)
+    def register(self, cls: str, gpus: list[str] | None = None, cid: str | None = None,
+                 convert: bool | None = None) -> Registration:
+        c = super().register(cls, gpus, cid, convert)
         return Registration(c.id, c.cls, c.dir, c.init)
 
     def status(self) -> dict:

@@ -114,6 +114,10 @@ class Container:
             return 0
         return sum(self.control.counters(i).blocks for i in range(len(self.gpus)))
 
+    def converts(self) -> bool:
+        """Whether its device allocations become managed memory (its control block says)."""
+        return bool(self.control and self.control.daemon.convert)
+
     def footprint(self, slot: int) -> int:
         """Device memory the container holds on a GPU (tgs_proto.h: counted less released)."""
         if not self.control:

@@ -311,9 +311,10 @@ class Daemon:
         except ConfigError as e:
             raise RequestError(f"bad TGS config: {e}") from None
 
-        async def reserve(cid: str, cls: str, gpus: list[str]) -> dict:
+        async def reserve(cid: str, request: createmod.specmod.Request) -> dict:
             try:
-                return await self.reserve({"id": cid, "class": cls, "gpus": gpus})
+                return await self.reserve({"id": cid, "class": request.cls, "gpus": request.gpus,
+                                           **({} if request.convert is None else {"convert": request.convert})})
             except RequestError as e:
                 raise createmod.ReserveFailed(str(e), refused=True) from None
 
@@ -345,11 +346,19 @@ class Daemon:
         except GpuError as e:
             raise RequestError(str(e)) from None
         klass = proto.Class[cls_name.upper()]
+        asked = req.get("convert")
+        if asked is not None and not isinstance(asked, bool):
+            raise RequestError(f"convert {asked!r}: expected true or false")
+        if asked is False and klass == proto.Class.OPPORTUNISTIC:
+            raise RequestError("convert false: an opportunistic container's memory is always converted")
+        convert = klass == proto.Class.OPPORTUNISTIC or (self.cfg.memory.convert_production if asked is None
+                                                          else asked)
         old = self.containers.get(cid)
         if old:
-            if old.cls == klass and old.gpus == uuids:
+            if old.cls == klass and old.gpus == uuids and old.converts() == convert:
                 return self._reservation(old)
-            raise RequestError(f"container {cid} is already registered as {old.label} on {old.gpus}")
+            raise RequestError(f"container {cid} is already registered as {old.label} on {old.gpus}"
+                               f"{'' if old.converts() == convert else f' with convert {str(old.converts()).lower()}'}")
         cp = self.paths.container(cid)
         if len(str(cp.socket).encode()) > 107:
             raise RequestError(f"the container's socket path {cp.socket} is longer than AF_UNIX allows (107 bytes): "
@@ -364,7 +373,6 @@ class Daemon:
                 with contextlib.suppress(FileNotFoundError):
                     cp.activity(u).unlink()
                 os.link(self.paths.activity(u), cp.activity(u))
-            convert = self.cfg.memory.convert_production or klass == proto.Class.OPPORTUNISTIC
             c.control = ControlBlock.create(cp.control, klass, uuids, convert=convert, stale_ms=self.cfg.daemon.stale_ms)
             os.chmod(cp.control, 0o666)
             self._track(c)
@@ -378,7 +386,7 @@ class Daemon:
             shutil.rmtree(cp.dir, ignore_errors=True)
             raise RequestError(f"cannot set up {cp.dir}: {e.strerror or e}") from None
         self.containers[cid] = c
-        self.log.info("container reserved", container=cid, cls=c.label, gpus=uuids)
+        self.log.info("container reserved", container=cid, cls=c.label, gpus=uuids, convert=convert)
         return self._reservation(c)
 
     def _reservation(self, c: Container) -> dict:
@@ -706,7 +714,7 @@ class Daemon:
                     "beside_production_s": round(ctr.overlap_ns / 1e9, 3),
                     "memory": {"footprint": c.footprint(slot), "quota": b.mem_quota_bytes or None,
                                "resident": sum(r.resident for r in on), "evicted": sum(r.evicted for r in on),
-                               "vmm": ctr.vmm_bytes},
+                               "vmm": ctr.vmm_bytes, "converted": c.converts()},
                 })
             last = st.last
             gpus.append({"index": st.gpu.index, "uuid": uuid, "name": st.gpu.name, "memory_total": st.gpu.memory_total,

@@ -63,7 +63,7 @@ def edit(asked: Asked, reservation: dict, cfg) -> None:
         raise Failure(f"cannot edit {asked.bundle}/config.json: {e.strerror or e}") from None
 
 
-async def set_up(cid: str | None, bundle: Path, cfg, reserve: Callable[[str, str, list[str]], Awaitable[dict]],
+async def set_up(cid: str | None, bundle: Path, cfg, reserve: Callable[[str, specmod.Request], Awaitable[dict]],
                  release: Callable[[str], Awaitable[None]]) -> str | None:
     """Reserves and edits the container if it asks for TGS; returns its class, or None.
     Raises Failure with the user's message; a failed edit releases the reservation."""
@@ -75,7 +75,7 @@ async def set_up(cid: str | None, bundle: Path, cfg, reserve: Callable[[str, str
     if not cid:
         raise Failure("create without a container id")
     try:
-        reservation = await reserve(cid, cls, asked.request.gpus)
+        reservation = await reserve(cid, asked.request)
     except ReserveFailed as e:
         raise Failure(f"tgsd refused this {cls} container: {e}" if e.refused
                       else f"cannot set up TGS for this {cls} container: {e}") from None

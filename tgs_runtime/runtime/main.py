@@ -48,12 +48,13 @@ def set_up(args: RuncArgs, cfg) -> None:
     from tgs_runtime.admin import AdminClient, DaemonUnavailable, Refused
     from tgs_runtime.runtime.create import ReserveFailed
     from tgs_runtime.runtime.create import set_up as create
+    from tgs_runtime.runtime.spec import Request
 
     admin = AdminClient(cfg.daemon.state_dir)
 
-    async def reserve(cid: str, cls: str, gpus: list[str]) -> dict:
+    async def reserve(cid: str, request: Request) -> dict:
         try:
-            return admin.reserve(cid, cls, gpus)
+            return admin.reserve(cid, request.cls, request.gpus, request.convert)
         except DaemonUnavailable as e:
             raise ReserveFailed(str(e), refused=False) from None
         except Refused as e:

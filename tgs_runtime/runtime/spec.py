@@ -20,6 +20,8 @@ SIM_LIBS_IN_CONTAINER = "/usr/lib/tgs/simgpu"
 PRELOAD = "/etc/ld.so.preload"
 CLASS_ANNOTATION = "tgs.class"
 CLASS_ENV = "TGS_CLASS"
+CONVERT_ANNOTATION = "tgs.convert-memory"  # true|false: a production container's own choice of
+CONVERT_ENV = "TGS_CONVERT_MEMORY"         # [memory] convert_production
 GPU_ENV = "NVIDIA_VISIBLE_DEVICES"
 NO_GPU = ("", "void", "none")  # NVIDIA_VISIBLE_DEVICES values that name no GPU
 CDI_MARK = "void"  # what CDI sets NVIDIA_VISIBLE_DEVICES to, beside the device nodes it adds
@@ -145,6 +147,25 @@ def is_sandbox(spec: Spec) -> bool:
 class Request:
     cls: str
     gpus: list[str]
+    convert: bool | None = None  # whether its device allocations become managed memory; None: the host's choice
+
+
+def _convert(spec: Spec, cls: str) -> bool | None:
+    """A container's own choice of whether its device allocations become managed memory
+    (the tgs.convert-memory annotation wins over TGS_CONVERT_MEMORY); None: the host's."""
+    annotation = (spec.get("annotations") or {}).get(CONVERT_ANNOTATION)
+    text = annotation if annotation is not None else env_value(spec, CONVERT_ENV)
+    if text is None or not text.strip():
+        return None
+    source = f"annotation {CONVERT_ANNOTATION}" if annotation is not None else CONVERT_ENV
+    value = {"true": True, "false": False}.get(text.strip().lower())
+    if value is None:
+        raise SpecError(f"{source}={text!r}: expected true or false")
+    if cls == "opportunistic" and not value:
+        raise SpecError(f"{source}=false: an opportunistic container's GPU memory is always managed memory (it is "
+                        "what lets tgsd move it to the host when production needs the GPU's memory); a job that "
+                        "needs plain device memory (CUDA IPC) can run as production")
+    return value
 
 
 def classify(spec: Spec, default_class: str = "", production_policy: str = "any") -> Request | None:
@@ -172,7 +193,7 @@ def classify(spec: Spec, default_class: str = "", production_policy: str = "any"
                         "with --gpus or a CDI device (--device nvidia.com/gpu=0)")
     if gpus.mig:
         raise SpecError(mig_refusal(gpus.mig))
-    return Request(cls, gpus.names)
+    return Request(cls, gpus.names, _convert(spec, cls))
 
 
 # ---------------------------------------------------------------------------- changing

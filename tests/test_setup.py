@@ -116,9 +116,9 @@ def test_setup_containerd_puts_the_handler_where_containerd_reads_it(prefix, bef
     read = containerd_reads(conf)
     assert read["tgs"] is not None, f"containerd does not see the handler in:\n{conf.read_text()}"
     assert read["tgs"]["options"]["BinaryName"] == "/usr/bin/tgs-runtime"
-    assert read["tgs"]["pod_annotations"] == ["tgs.class"]
+    assert read["tgs"]["pod_annotations"] == ["tgs.class", "tgs.convert-memory"]
     # the device plugin's annotations for the NVIDIA runtime name the GPUs where containerd injects no CDI device
-    assert read["tgs"]["container_annotations"] == ["tgs.class", "nvidia.cdi.k8s.io/*"]
+    assert read["tgs"]["container_annotations"] == ["tgs.class", "tgs.convert-memory", "nvidia.cdi.k8s.io/*"]
     if before and "sandbox_image" in before:
         assert read["sandbox_image"] == "pause:3.9"
     # as runc's, which kubelet's cgroup driver matches

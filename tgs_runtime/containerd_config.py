@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tgs_runtime.install import InstallError, replace_file, replaceable
-from tgs_runtime.runtime.spec import CLASS_ANNOTATION, NVIDIA_CDI_ANNOTATION
+from tgs_runtime.runtime.spec import CLASS_ANNOTATION, CONVERT_ANNOTATION, NVIDIA_CDI_ANNOTATION
 
 try:
     import tomllib
@@ -33,10 +33,10 @@ except ModuleNotFoundError:  # Python 3.10
 CONTAINERD_TOML = Path("/etc/containerd/config.toml")
 HANDLER = "tgs"
 CRI_RUNTIME_PLUGIN = {1: "cri", 2: "io.containerd.grpc.v1.cri", 3: "io.containerd.cri.v1.runtime"}
-# the runtime's own annotation, and the NVIDIA device plugin's CDI annotations for the NVIDIA
+# the runtime's own annotations, and the NVIDIA device plugin's CDI annotations for the NVIDIA
 # runtime (which name the pod's GPUs where containerd does not inject CDI devices itself)
-POD_ANNOTATIONS = [CLASS_ANNOTATION]
-CONTAINER_ANNOTATIONS = [CLASS_ANNOTATION, f"{NVIDIA_CDI_ANNOTATION}*"]
+POD_ANNOTATIONS = [CLASS_ANNOTATION, CONVERT_ANNOTATION]
+CONTAINER_ANNOTATIONS = [*POD_ANNOTATIONS, f"{NVIDIA_CDI_ANNOTATION}*"]
 
 
 class ContainerdConfigError(InstallError):
@@ -160,9 +160,9 @@ def stanza(version: int, runtime: Path, config: Path, systemd: bool = False) -> 
     table = f'plugins."{CRI_RUNTIME_PLUGIN[version]}".containerd.runtimes.{HANDLER}'
     return f"""
 # TGS: a runtime handler for containerd's CRI (Kubernetes RuntimeClass handler "tgs"), for a
-# containerd config of version {version}. The tgs.class annotation is passed through to the
-# runtime, and the NVIDIA device plugin's CDI annotations for the NVIDIA runtime (which name
-# the pod's GPUs where containerd does not inject CDI devices itself).
+# containerd config of version {version}. The tgs.class and tgs.convert-memory annotations are
+# passed through to the runtime, and the NVIDIA device plugin's CDI annotations for the NVIDIA
+# runtime (which name the pod's GPUs where containerd does not inject CDI devices itself).
 [{table}]
   runtime_type = "io.containerd.runc.v2"
   pod_annotations = {_list(POD_ANNOTATIONS)}

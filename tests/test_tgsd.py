@@ -223,6 +223,28 @@ def test_memory_oversubscription_protects_production(simgpu, tgsd, libshim):
     assert any(e["op"] == "evict" for e in orders)
 
 
+def test_memory_no_order_can_free_is_named_with_what_to_do(simgpu, tgsd, libshim, c_programs):
+    """Where production's memory and what an opportunistic container holds on the GPU
+    exceed the budget and none of it can move (cuMemCreate memory, as PyTorch's
+    expandable_segments allocates), tgsd says so once: by how much, which container holds
+    what, and what to set."""
+    simgpu.memory = "1G"
+    d = tgsd()
+    prod, opp = d.register("production"), d.register("opportunistic")
+    exe = str(c_programs("shim_checks.c", link_cuda=True))
+    o = simgpu.spawn([exe, "vmm", "640", "6"], "opp", opp.env(libshim.shim))
+    deadline = time.monotonic() + 10
+    while (d.container(opp.id)["memory"]["vmm"] < 640 << 20) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    p = simgpu.spawn([exe, "hold", "512", "2"], "prod", prod.env(libshim.shim))
+    warned = d.wait_event("GPU memory over budget and nothing opportunistic left to move", timeout=10)
+    assert p.wait() == 0 and o.wait() == 0, p.stderr + o.stderr
+    assert warned["unmovable"] == {opp.id: 640 << 20} and warned["production_footprint"] == 512 << 20
+    assert warned["over_by"] == (640 + 512 << 20) - warned["budget"]
+    assert "opportunistic_quota" in warned["fix"] and "expandable_segments" in warned["fix"]
+    assert not [e for e in d.events() if e.get("event") == "memory order"], "nothing was there to move"
+
+
 def test_a_production_container_can_keep_plain_device_memory(simgpu, tgsd, libshim):
     """A production container that asks (TGS_CONVERT_MEMORY=false, sent as reserve's
     `convert`) keeps its allocations plain device memory where the host converts

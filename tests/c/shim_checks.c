@@ -134,7 +134,8 @@ static void check_meminfo(void) {
     printf("{\"free\": %zu, \"total\": %zu, \"device_total\": %zu}\n", free_b, total, dev_total);
 }
 
-static void check_vmm(int mb) {
+/* cuMemCreate of `mb`, held for `seconds` (at least 1). */
+static void check_vmm(int mb, double seconds) {
     setup();
     CUmemAllocationProp prop = {.type = CU_MEM_ALLOCATION_TYPE_PINNED,
                                 .location = {.type = CU_MEM_LOCATION_TYPE_DEVICE, .id = 0}};
@@ -143,7 +144,7 @@ static void check_vmm(int mb) {
     printf("{\"create\": \"%s\"}\n", ename(r));
     fflush(stdout);
     if (r == CUDA_SUCCESS) {
-        sleep(1);
+        usleep((useconds_t)((seconds > 1 ? seconds : 1) * 1e6));
         OK(cuMemRelease(h));
     }
 }
@@ -298,7 +299,7 @@ int main(int argc, char **argv) {
     if (!strcmp(c, "convert")) check_convert();
     else if (!strcmp(c, "quota")) check_quota(a);
     else if (!strcmp(c, "meminfo")) check_meminfo();
-    else if (!strcmp(c, "vmm")) check_vmm(a);
+    else if (!strcmp(c, "vmm")) check_vmm(a, b);
     else if (!strcmp(c, "graph")) check_graph(a);
     else if (!strcmp(c, "capture")) check_capture(a);
     else if (!strcmp(c, "threads")) check_threads(a, b);

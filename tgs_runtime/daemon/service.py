@@ -686,8 +686,19 @@ class Daemon:
                           bytes=m.length, range_bytes=m.range.size, production_footprint=prod_foot,
                           budget=st.budget_bytes)
         if plan.over_by and not st.unfixable_warned:
+            # what opportunistic containers hold on the GPU that no order can move
+            stuck: dict[str, int] = {}
+            for r in ranges:
+                if not r.evictable and r.resident:
+                    stuck[r.container] = stuck.get(r.container, 0) + r.resident
+            fix = (f"opportunistic containers hold {sum(stuck.values()) >> 20} MiB that TGS cannot move to the host "
+                   "(cuMemCreate memory, which PyTorch's expandable_segments allocates, or allocations made before "
+                   "tgsd knew of them): set [memory] opportunistic_quota low enough that production's memory and "
+                   "theirs fit the budget" if stuck else
+                   "production alone needs more than the budget: raise [memory] budget, or lower reserve")
             self.log.warning("GPU memory over budget and nothing opportunistic left to move", gpu=st.gpu.uuid,
-                             over_by=plan.over_by)
+                             over_by=plan.over_by, budget=st.budget_bytes, production_footprint=prod_foot,
+                             unmovable=stuck, fix=fix)
         st.unfixable_warned = bool(plan.over_by)
 
     # ------------------------------------------------------------------ status

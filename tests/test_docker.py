@@ -175,6 +175,32 @@ def test_a_process_started_by_docker_exec_is_shared_too(docker, simgpu):
     d.docker("rm", "-f", cid, check=False)
 
 
+def test_tgs_containers_of_a_non_root_user_share(docker, simgpu):
+    """Images commonly run as a user (`USER 1000`, `docker run --user`): the shims of such a
+    production and opportunistic container reach tgsd and their GPU's activity file, and
+    production keeps its engine."""
+    d, t = docker()
+    hog = Workload(kernel_us=1000, kernels=10, seconds=6, report_s=0.5)
+    half = Workload.with_duty(0.5, period_ms=20, kernels=10, seconds=6, report_s=0.5)
+    user = ("--user", "1000:1000", "-e", "TGS_LOG_LEVEL=warn")
+    p = d.popen(*run_args(*user, "-e", "TGS_CLASS=production", "-e", "NVIDIA_VISIBLE_DEVICES=0", "-e",
+                          "SIMGPU_LABEL=prod", IMAGE), "sh", "-c", f"id -u; {' '.join(workload(half))}")
+    o = d.popen(*run_args(*user, "-e", "TGS_CLASS=opportunistic", "-e", "NVIDIA_VISIBLE_DEVICES=0", "-e",
+                          "SIMGPU_LABEL=opp", IMAGE), "sh", "-c", f"id -u; {' '.join(workload(hog))}")
+    simgpu.wait_for_contexts(["prod", "opp"], timeout=30)
+    time.sleep(2)
+    seen = {c["class"]: c for c in t.status()["gpus"][0]["containers"]}
+    shared = sim.busy_between(*simgpu.snapshots(2))
+    (pout, perr), (oout, oerr) = p.communicate(timeout=60), o.communicate(timeout=60)
+    assert p.returncode == 0 and o.returncode == 0, perr + oerr
+    assert pout.split()[0] == oout.split()[0] == "1000"
+    assert "tgs[" not in perr + oerr, f"the shims complained: {perr + oerr}"
+    assert seen["production"]["processes"] == 1 and seen["production"]["iteration_starts"] > 0, seen
+    assert seen["opportunistic"]["processes"] == 1 and seen["opportunistic"]["gated_s"] > 0, \
+        f"the opportunistic shim waited behind production's activity: {seen['opportunistic']}"
+    assert shared["prod"] / 2 >= 0.4, f"production got {shared['prod'] / 2:.2f} of the engine (0.5 alone)"
+
+
 def test_a_stopped_tgs_container_started_again_is_a_tgs_container_again(docker):
     """`docker stop` then `docker start` (or `docker restart`, or a restart policy) makes the
     container again under the same id: it is deregistered when it stops and registered

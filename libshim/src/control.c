@@ -160,7 +160,7 @@ void tgs_map_activity(struct tgs_gpu *g) {
     int prod = g_tgs.cls == TGS_CLASS_PRODUCTION;
     int fd = open(path, (prod ? O_RDWR : O_RDONLY) | O_CLOEXEC);
     if (fd < 0) {
-        tgs_log(TGS_LOG_WARN, "no production activity file %s (%s): kernels on %s are not gated", path,
+        tgs_log(TGS_LOG_WARN, "cannot open the production activity file %s (%s): kernels on %s are not gated", path,
                 strerror(errno), uuid);
         return;
     }

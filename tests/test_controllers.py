@@ -9,7 +9,7 @@ import random
 import pytest
 
 from tgs_runtime.config import ControlConfig, Controller, Share
-from tgs_runtime.daemon import inflight, residency
+from tgs_runtime.daemon import inflight, residency, stall
 from tgs_runtime.daemon.controllers import (UNLIMITED, Claimant, FastController, Mark, Overlap, PaperController,
                                             Sample, ShareState, Window, make_controller, split, take_turns)
 
@@ -862,3 +862,27 @@ def test_every_change_of_the_budget_says_why_with_the_figures_it_judged(overlap,
     first_fall = next(w for w in whys if "of its solo progress" in w or "fell to" in w)
     assert judged in first_fall, first_fall
     assert any("profiled: production alone at 50,000 blocks/s" in w for w in whys), whys
+
+
+def test_a_gate_production_holds_with_the_gpu_idle_is_lifted_until_it_launches():
+    """stall.HeldGate: production's activity byte held, nothing launched and the GPU idle
+    for STALL_S lifts the gate; a launch, or the byte cleared, puts it back at once. A busy
+    GPU (production's long kernel) or an unknown utilization keeps it."""
+    g, t = stall.HeldGate(), 0.0
+
+    def run(seconds, **how):
+        nonlocal t
+        out = []
+        for _ in range(round(seconds / 0.1)):
+            t += 0.1
+            out.append(g.step(t, **how))
+        return out
+
+    idle = dict(held=True, launched=False, utilization=0)
+    assert not any(run(0.9, **idle)) and run(0.3, **idle)[-1], "lifted after STALL_S, not before"
+    assert all(run(2, held=True, launched=False, utilization=100)), "its own use of the GPU keeps it lifted"
+    assert not run(0.1, held=True, launched=True, utilization=0)[-1], "production's launch puts the gate back"
+    assert not any(run(0.9, **idle))
+    assert not any(run(2, held=True, launched=False, utilization=60)), "a long production kernel: the GPU is busy"
+    assert not any(run(2, held=True, launched=False, utilization=None)), "utilization unknown: the gate stays"
+    assert not any(run(0.9, **idle)) and not run(0.1, held=False, launched=False, utilization=0)[-1]

@@ -17,6 +17,7 @@ import pytest
 
 from tgs_runtime import sim
 from tgs_runtime.admin import Refused
+from tgs_runtime.control import ActivityFile
 from tgs_runtime.workload import Workload
 
 HALF = Workload.with_duty(0.5, period_ms=20, kernels=10, seconds=9, report_s=0.5)
@@ -77,6 +78,41 @@ def test_production_keeps_its_engine_and_opportunistic_gets_the_idle_half(simgpu
     state = d.status()["gpus"][0]["controller"]
     assert state["state"] in ("run", "profile") and state["gate"] is True
     assert beside is not None and beside < 0.05, f"opportunistic work beside production: {beside} s/s"
+
+
+def test_a_production_job_stopped_mid_iteration_leaves_the_gpu_to_opportunistic_work(simgpu, tgsd, libshim):
+    """A production job frozen with work launched (`docker pause`, SIGSTOP, a debugger)
+    never completes its synchronisation, so its activity byte stays set: once its work on
+    the GPU has drained, tgsd lifts the gate and opportunistic work takes the engine until
+    production goes on, when it has the engine back."""
+    d = tgsd()
+    prod, opp = d.register("production"), d.register("opportunistic")
+    p = simgpu.workload(dataclasses.replace(HALF, seconds=14), "prod", prod.env(libshim.shim))
+    o = simgpu.workload(dataclasses.replace(HOG, seconds=14), "opp", opp.env(libshim.shim))
+    simgpu.wait_for_contexts(["prod", "opp"])
+    time.sleep(2)
+    running = busy(simgpu, ["prod", "opp"], 2)
+    activity = ActivityFile.open(d.state_dir / "activity" / simgpu.uuids()[0])
+    for _ in range(100):  # stopped where its byte says production is busy: mid-iteration
+        p.popen.send_signal(signal.SIGSTOP)
+        time.sleep(0.01)
+        if activity.busy_slots():
+            break
+        p.popen.send_signal(signal.SIGCONT)
+        time.sleep(0.003)
+    assert activity.busy_slots(), "production never stopped mid-iteration"
+    time.sleep(2.5)  # its work drains, NVML's utilization falls (a 1 s window), then stall.STALL_S
+    stopped = busy(simgpu, ["prod", "opp"], 2)
+    lifted = d.wait_event("production holds the GPU without using it: opportunistic work goes on until it launches "
+                          "again", timeout=1)
+    p.popen.send_signal(signal.SIGCONT)
+    time.sleep(1.5)
+    again = busy(simgpu, ["prod", "opp"], 2)
+    assert p.wait() == 0 and o.wait() == 0, p.stderr + o.stderr
+    assert stopped["prod"] == 0 and stopped["opp"] / 2 >= 0.9, f"while production was stopped: {stopped}"
+    assert again["prod"] >= 0.9 * running["prod"], f"production before {running['prod']:.2f} s/s, after {again['prod']:.2f}"
+    assert lifted["gpu"] == simgpu.uuids()[0]
+    d.wait_event("production goes on: opportunistic work waits behind it again", timeout=1)
 
 
 def test_the_controller_follows_when_production_load_doubles(simgpu, tgsd, libshim):

@@ -25,6 +25,7 @@ from tgs_runtime.daemon.controllers import (UNLIMITED, Claimant, Mark, Overlap, 
                                             make_controller, split, take_turns)
 from tgs_runtime.daemon.gpus import Gpu, GpuError, GpuInventory
 from tgs_runtime.daemon.registry import Container, Phase, Process, Tally, load_registration, process_start_time
+from tgs_runtime.daemon.stall import HeldGate
 from tgs_runtime.logs import RepeatLimiter, get as get_logger
 from tgs_runtime.runtime import create as createmod
 
@@ -47,6 +48,7 @@ class GpuState:
     budget_bytes: int = 0
     last: dict = dataclasses.field(default_factory=dict)  # the last decision, for status
     unfixable_warned: bool = False
+    held: HeldGate = dataclasses.field(default_factory=HeldGate)
 
 
 class Daemon:
@@ -611,19 +613,35 @@ class Daemon:
                            solo_blocks_per_s=budget.solo, progress_blocks_per_s=round(budget.progress),
                            overlap_per_s=None if budget.overlap is None else round(budget.overlap, 4),
                            shares={k: _rate_text(v) for k, v in rates.items()}, **({"why": budget.why} if budget.why else {}))
+        gate = budget.gate and not self._production_holds_an_idle_gpu(st, now, bool(prod), prod_blocks > 0)
         st.last = {"state": budget.state, "rate": budget.rate, "solo": budget.solo, "progress": budget.progress,
-                   "inflight": budget.inflight, "gate": budget.gate, "overlap": budget.overlap}
+                   "inflight": budget.inflight, "gate": gate, "overlap": budget.overlap}
         # behind production, one container launches at a time; without production, all at once
-        if budget.gate:
+        if gate:
             turns = take_turns(st.share, rates, budget.rate, dt)
         else:
             st.share.turn, turns = Turn(), rates
         for c, slot in opp:
-            self._write_opportunistic(c, slot, rates.get(c.id, budget.rate), budget.inflight, budget.gate, st,
+            self._write_opportunistic(c, slot, rates.get(c.id, budget.rate), budget.inflight, gate, st,
                                       rate=turns.get(c.id))
         for c, slot in prod:
             c.control.set_budget(slot, rate=UNLIMITED, gate=False, inflight=0, quota=0, view_total=st.budget_bytes)
         self._memory(st, prod, opp)
+
+    def _production_holds_an_idle_gpu(self, st: GpuState, now: float, production: bool, launched: bool) -> bool:
+        """Whether production's activity byte has been held with the GPU idle for long
+        enough that opportunistic work goes on (stall.py); logged when it starts and ends."""
+        held = production and not launched and bool(st.activity.busy_slots())
+        utilization = self.inventory.utilization(st.gpu.index) if held else None
+        was = st.held.lifted
+        lifted = st.held.step(now, held, launched, utilization)
+        if lifted != was:
+            if lifted:
+                self.log.info("production holds the GPU without using it: opportunistic work goes on until it "
+                              "launches again", gpu=st.gpu.uuid, held_s=round(now - (st.held.since or now), 1))
+            else:
+                self.log.info("production goes on: opportunistic work waits behind it again", gpu=st.gpu.uuid)
+        return lifted
 
     def _write_opportunistic(self, c: Container, slot: int, share: int, inflight: int, gate: bool, st: GpuState,
                              rate: int | None = None) -> None:

@@ -317,7 +317,8 @@ def test_opportunistic_quota(simgpu, tgsd, libshim):
 
 def test_kill_9_of_tgsd_then_restart(simgpu, tgsd, libshim):
     d = tgsd()
-    prod, opp = d.register("production"), d.register("opportunistic")
+    # the production container keeps its device memory (TGS_CONVERT_MEMORY=false): a choice that outlives tgsd
+    prod, opp = d.register("production", convert=False), d.register("opportunistic")
     p = simgpu.workload(Workload.with_duty(0.5, seconds=12, report_s=0.5, verify=True), "prod", prod.env(libshim.shim))
     o = simgpu.workload(Workload(kernel_us=1000, kernels=10, seconds=12, verify=True), "opp", opp.env(libshim.shim))
     simgpu.wait_for_contexts(["prod", "opp"])
@@ -334,6 +335,7 @@ def test_kill_9_of_tgsd_then_restart(simgpu, tgsd, libshim):
             break
         time.sleep(0.2)
     assert st[prod.id]["processes"] == 1 and st[opp.id]["processes"] == 1, "the shims reconnected"
+    assert st[prod.id]["memory"]["converted"] is False and st[opp.id]["memory"]["converted"] is True
     assert p.wait() == 0 and o.wait() == 0
     assert p.summary().checksum_ok and o.summary().checksum_ok
     assert p.stderr.count("lost tgsd") == 1 and o.stderr.count("lost tgsd") == 1, "one warning per outage"

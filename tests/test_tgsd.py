@@ -115,6 +115,31 @@ def test_a_production_job_stopped_mid_iteration_leaves_the_gpu_to_opportunistic_
     d.wait_event("production goes on: opportunistic work waits behind it again", timeout=1)
 
 
+def test_production_that_ends_iterations_with_a_synchronous_copy_leaves_its_idle_time(simgpu, tgsd, libshim,
+                                                                                     c_programs):
+    """A production job whose iterations end with a synchronous copy to the host (the CUDA
+    runtime's cudaMemcpy) and no other synchronisation is idle after each: opportunistic
+    work gets its gaps, and production keeps its engine."""
+    d = tgsd()
+    prod, opp = d.register("production"), d.register("opportunistic")
+    loop = [str(c_programs("shim_checks.c", link_cuda=True)), "copyloop"]
+    solo = simgpu.spawn([*loop, "4"], "solo", prod.env(libshim.shim))
+    simgpu.wait_for_contexts(["solo"])
+    time.sleep(1)
+    alone = busy(simgpu, ["solo"], 2)["solo"] / 2
+    assert solo.wait() == 0, solo.stdout + solo.stderr
+    p = simgpu.spawn([*loop, "9"], "prod", prod.env(libshim.shim))
+    o = simgpu.workload(HOG, "opp", opp.env(libshim.shim))
+    simgpu.wait_for_contexts(["prod", "opp"])
+    time.sleep(3)
+    shared = busy(simgpu, ["prod", "opp"], 4)
+    assert p.wait() == 0 and o.wait() == 0, p.stdout + p.stderr + o.stderr
+    prod_share, opp_share = shared["prod"] / 4, shared["opp"] / 4
+    assert 0.35 <= alone <= 0.55, f"the copy loop alone keeps the engine busy {alone:.2f} of the time"
+    assert prod_share >= 0.9 * alone, f"production: {prod_share:.3f} of the engine shared, {alone:.3f} alone"
+    assert opp_share >= 0.4 * (1 - alone), f"opportunistic got {opp_share:.3f} of the engine; idle was {1 - alone:.3f}"
+
+
 def test_the_controller_follows_when_production_load_doubles(simgpu, tgsd, libshim):
     d = tgsd()
     prod, opp = d.register("production"), d.register("opportunistic")

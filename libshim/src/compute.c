@@ -1080,6 +1080,15 @@ static CUresult synced(CUresult r, int current_only) {
 }
 
 TGS_API CUresult CUDAAPI cuStreamSynchronize(CUstream hStream) { return synced(REAL(cuStreamSynchronize)(hStream), 1); }
+/* A synchronous copy to the host (the CUDA runtime's cudaMemcpy) returns once the work
+ * queued before it on its stream is done: a completed synchronisation, for programs that
+ * end their iterations with one instead of a stream or context synchronisation. */
+TGS_API CUresult CUDAAPI cuMemcpyDtoH_v2(void *dstHost, CUdeviceptr srcDevice, size_t ByteCount) {
+    return synced(REAL(cuMemcpyDtoH_v2)(dstHost, srcDevice, ByteCount), 1);
+}
+TGS_API CUresult CUDAAPI cuMemcpyDtoH_v2_ptds(void *dstHost, CUdeviceptr srcDevice, size_t ByteCount) {
+    return synced(REAL(cuMemcpyDtoH_v2_ptds)(dstHost, srcDevice, ByteCount), 1);
+}
 TGS_API CUresult CUDAAPI cuStreamSynchronize_ptsz(CUstream hStream) {
     return synced(REAL(cuStreamSynchronize_ptsz)(hStream), 1);
 }

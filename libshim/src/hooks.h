@@ -20,7 +20,8 @@
     X(cuStreamBeginCapture_v2_ptsz) X(cuStreamBeginCaptureToGraph)                           \
     X(cuStreamBeginCaptureToGraph_ptsz) X(cuStreamEndCapture) X(cuStreamEndCapture_ptsz)     \
     X(cuStreamSynchronize) X(cuStreamSynchronize_ptsz) X(cuCtxSynchronize)                   \
-    X(cuCtxSynchronize_v2) X(cuEventSynchronize) X(cuCtxDestroy_v2)                          \
+    X(cuCtxSynchronize_v2) X(cuEventSynchronize) X(cuMemcpyDtoH_v2) X(cuMemcpyDtoH_v2_ptds)   \
+    X(cuCtxDestroy_v2)                                                                       \
     X(cuDevicePrimaryCtxRelease_v2) X(cuDevicePrimaryCtxReset_v2)                            \
     /* memory (memory.c) */                                                                 \
     X(cuMemAlloc_v2) X(cuMemAllocPitch_v2) X(cuMemAllocManaged) X(cuMemFree_v2)             \

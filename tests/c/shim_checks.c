@@ -10,6 +10,9 @@
  *   shim_checks fork               fork while another thread launches; both sides go on
  *   shim_checks hold MB S          allocate MB with cuMemAlloc, print the pointer, sleep S seconds
  *   shim_checks ipc                cuIpcGetMemHandle twice on cuMemAlloc memory; print both results
+ *   shim_checks copyloop S         for S seconds: iterations of ten 1 ms kernels ended by a
+ *                                  synchronous cuMemcpyDtoH (no other synchronisation), then
+ *                                  10 ms on the CPU; print iterations/s
  *   shim_checks contexts N         N rounds of kernels in each of two contexts of GPU 0, then the
  *                                  same after destroying and making them again; print the heap
  *                                  bytes (mallinfo2) the rounds left in use
@@ -290,6 +293,23 @@ static void check_contexts(int n) {
     printf("{\"rounds\": %d, \"heap_growth_bytes\": %zu}\n", n, grown);
 }
 
+static void check_copyloop(double seconds) {
+    setup();
+    CUdeviceptr buf;
+    OK(cuMemAlloc(&buf, 4));
+    unsigned x = 0;
+    double start = now_s();
+    int n = 0;
+    while (now_s() - start < seconds) {
+        for (int k = 0; k < 10; k++)
+            OK(spin(NULL, 1000000));
+        OK(cuMemcpyDtoH(&x, buf, sizeof x));
+        usleep(10000);
+        n++;
+    }
+    printf("{\"iterations_per_s\": %.1f}\n", n / (now_s() - start));
+}
+
 int main(int argc, char **argv) {
     if (argc < 2)
         return 2;
@@ -307,6 +327,7 @@ int main(int argc, char **argv) {
     else if (!strcmp(c, "hold")) check_hold(a, b);
     else if (!strcmp(c, "contexts")) check_contexts(a);
     else if (!strcmp(c, "ipc")) check_ipc();
+    else if (!strcmp(c, "copyloop")) check_copyloop(a);
     else return 2;
     return 0;
 }

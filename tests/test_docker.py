@@ -201,6 +201,34 @@ def test_tgs_containers_of_a_non_root_user_share(docker, simgpu):
     assert shared["prod"] / 2 >= 0.4, f"production got {shared['prod'] / 2:.2f} of the engine (0.5 alone)"
 
 
+def test_docker_pause_of_production_leaves_the_gpu_to_opportunistic_work(docker, simgpu):
+    """`docker pause` freezes a production container, mid-iteration or not: opportunistic
+    work takes the GPU while it is paused (tgsd lifts the gate a frozen job holds), and
+    production has it back after `docker unpause`."""
+    d, t = docker()
+    half = Workload.with_duty(0.5, period_ms=20, kernels=10, seconds=14, report_s=0.5)
+    hog = Workload(kernel_us=1000, kernels=10, seconds=14, report_s=0.5)
+    ask = lambda cls, label: ("-e", f"TGS_CLASS={cls}", "-e", "NVIDIA_VISIBLE_DEVICES=0", "-e", f"SIMGPU_LABEL={label}")
+    prod = d.docker("run", "-d", "--network", "none", "--runtime=tgs", *ask("production", "prod"), IMAGE,
+                    *workload(half)).stdout.strip()
+    o = d.popen(*run_args(*ask("opportunistic", "opp"), IMAGE), *workload(hog))
+    simgpu.wait_for_contexts(["prod", "opp"], timeout=30)
+    time.sleep(2)
+    running = sim.busy_between(*simgpu.snapshots(2))
+    d.docker("pause", prod)
+    time.sleep(3)  # its work drains, then a second held with the GPU idle (stall.py)
+    paused = sim.busy_between(*simgpu.snapshots(2))
+    d.docker("unpause", prod)
+    time.sleep(1.5)
+    again = sim.busy_between(*simgpu.snapshots(2))
+    out, err = o.communicate(timeout=60)
+    assert o.returncode == 0, err
+    assert d.docker("wait", prod).stdout.strip() == "0"
+    assert paused["prod"] == 0 and paused["opp"] / 2 >= 0.8, f"while production was paused: {paused}"
+    assert again["prod"] >= 0.9 * running["prod"], f"production: {running['prod']:.2f} s/s before, {again['prod']:.2f} after"
+    d.docker("rm", "-f", prod, check=False)
+
+
 def test_a_stopped_tgs_container_started_again_is_a_tgs_container_again(docker):
     """`docker stop` then `docker start` (or `docker restart`, or a restart policy) makes the
     container again under the same id: it is deregistered when it stops and registered

@@ -340,6 +340,19 @@ def test_opportunistic_quota(simgpu, tgsd, libshim):
     assert ok.popen.returncode == 0, ok.stderr
 
 
+def test_a_job_that_ends_says_nothing_of_losing_tgsd(simgpu, tgsd, libshim, c_programs):
+    """At exit the shim says bye and tgsd closes the connection: the shim's connection
+    thread, still running while the process exits (here held 200 ms by a library unloaded
+    after the shim), must not warn that tgsd was lost."""
+    d = tgsd()
+    opp = d.register("opportunistic")
+    slow_exit = c_programs("exit_delay.c", extra=["-shared", "-fPIC"])
+    env = {**opp.env(libshim.shim), "LD_PRELOAD": f"{libshim.shim}:{slow_exit}"}
+    p = simgpu.workload(Workload(kernel_us=500, kernels=4, seconds=0.5, param_mb=8, act_mb=8), "ends", env)
+    assert p.wait() == 0, p.stderr
+    assert "tgs[" not in p.stderr, p.stderr
+
+
 def test_kill_9_of_tgsd_then_restart(simgpu, tgsd, libshim):
     d = tgsd()
     # the production container keeps its device memory (TGS_CONVERT_MEMORY=false): a choice that outlives tgsd

@@ -24,6 +24,7 @@ static int g_started;         /* the agent thread exists */
 static pthread_mutex_t g_hello_lock = PTHREAD_MUTEX_INITIALIZER;
 static pthread_cond_t g_hello_cond = PTHREAD_COND_INITIALIZER;
 static int g_first_try_done;  /* the first connection attempt is over, either way */
+static int g_leaving;         /* the process is exiting and said bye: tgsd closes, as it should */
 #define FIRST_HELLO_WAIT_MS 100 /* the first CUDA call waits this long at most for tgsd */
 static uint32_t g_seq;
 
@@ -284,6 +285,8 @@ static void *agent_main(void *arg) {
         g_fd = -1;
         pthread_mutex_unlock(&g_send_lock);
         close(fd);
+        if (__atomic_load_n(&g_leaving, __ATOMIC_ACQUIRE))
+            break;
         if (__atomic_load_n(&g_tgs.mode, __ATOMIC_RELAXED) == TGS_MODE_ACTIVE) {
             snprintf(why, sizeof why, "the connection closed");
             tgs_log(TGS_LOG_WARN, "lost tgsd (%s): production runs unthrottled, opportunistic work slides to its "
@@ -347,6 +350,9 @@ __attribute__((destructor)) static void say_bye(void) {
     if (g_fd >= 0) {
         struct tgs_msg_bye m;
         tgs_msg_init(&m.h, TGS_MSG_BYE, sizeof m);
+        /* tgsd answers bye by closing: the connection thread, still running while the
+         * process exits, must not take that for tgsd lost (a warning after every job) */
+        __atomic_store_n(&g_leaving, 1, __ATOMIC_RELEASE);
         write_frame(g_fd, &m, sizeof m);
     }
     pthread_mutex_unlock(&g_send_lock);

@@ -216,7 +216,11 @@ def test_docker_pause_of_production_leaves_the_gpu_to_opportunistic_work(docker,
     time.sleep(2)
     running = sim.busy_between(*simgpu.snapshots(2))
     d.docker("pause", prod)
-    time.sleep(3)  # its work drains, then a second held with the GPU idle (stall.py)
+    # frozen between iterations, production is idle; frozen in one, it holds the gate until
+    # its work has drained and the GPU has been idle for a second (stall.py): about 2 s
+    deadline = time.monotonic() + 10
+    while sim.busy_between(*simgpu.snapshots(0.5))["opp"] < 0.4 and time.monotonic() < deadline:
+        pass
     paused = sim.busy_between(*simgpu.snapshots(2))
     d.docker("unpause", prod)
     time.sleep(1.5)

@@ -1080,9 +1080,10 @@ static CUresult synced(CUresult r, int current_only) {
 }
 
 TGS_API CUresult CUDAAPI cuStreamSynchronize(CUstream hStream) { return synced(REAL(cuStreamSynchronize)(hStream), 1); }
-/* A synchronous copy to the host (the CUDA runtime's cudaMemcpy) returns once the work
- * queued before it on its stream is done: a completed synchronisation, for programs that
- * end their iterations with one instead of a stream or context synchronisation. */
+/* A synchronous copy to the host returns once the work queued before it on its stream is
+ * done: a completed synchronisation, for programs that end their iterations with one
+ * instead of a stream or context synchronisation. (The unified cuMemcpy is not taken as
+ * one: towards the device it may return before the work is done.) */
 TGS_API CUresult CUDAAPI cuMemcpyDtoH_v2(void *dstHost, CUdeviceptr srcDevice, size_t ByteCount) {
     return synced(REAL(cuMemcpyDtoH_v2)(dstHost, srcDevice, ByteCount), 1);
 }

@@ -359,8 +359,8 @@ class Daemon:
         if old:
             if old.cls == klass and old.gpus == uuids and old.converts() == convert:
                 return self._reservation(old)
-            raise RequestError(f"container {cid} is already registered as {old.label} on {old.gpus}"
-                               f"{'' if old.converts() == convert else f' with convert {str(old.converts()).lower()}'}")
+            memory = "" if old.converts() == convert else f" with convert {str(old.converts()).lower()}"
+            raise RequestError(f"container {cid} is already registered as {old.label} on {old.gpus}{memory}")
         cp = self.paths.container(cid)
         if len(str(cp.socket).encode()) > 107:
             raise RequestError(f"the container's socket path {cp.socket} is longer than AF_UNIX allows (107 bytes): "
@@ -632,7 +632,8 @@ class Daemon:
         """Whether production's activity byte has been held with the GPU idle for long
         enough that opportunistic work goes on (stall.py); logged when it starts and ends."""
         held = production and not launched and bool(st.activity.busy_slots())
-        utilization = self.inventory.utilization(st.gpu.index) if held else None
+        # NVML is asked only while the lift is being decided, not while it stands
+        utilization = self.inventory.utilization(st.gpu.index) if held and not st.held.lifted else None
         was = st.held.lifted
         lifted = st.held.step(now, held, launched, utilization)
         if lifted != was:

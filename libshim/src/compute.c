@@ -2,7 +2,8 @@
  *
  * Cost unit: one thread block. Production launches are counted (relaxed atomic adds in
  * the control block) and mark the GPU's production activity byte busy until the next
- * completed synchronisation. Opportunistic launches wait while production has unfinished
+ * completed synchronisation, or a successful query that finds every stream it launched on
+ * done (a job that waits by polling). Opportunistic launches wait while production has unfinished
  * work on the GPU, keep at most `inflight_max` kernels' worth of work in flight (tracked
  * with events; a kernel shorter than TGS_INFLIGHT_QUANTUM_NS counts as the part of it it
  * runs), and spend tokens from the container's shared bucket (GCRA: one CAS on the control
@@ -137,6 +138,124 @@ static int production_busy(const struct tgs_gpu *g) {
     for (unsigned i = 0; i < TGS_ACTIVITY_SLOTS / 16; i++)
         any |= v[i];
     return (any[0] | any[1]) != 0;
+}
+
+/* ---------- production: idle as a query finds it ---------- */
+
+/* A job that waits for its work by polling (TensorFlow's event manager polls cuEventQuery)
+ * never completes a synchronisation. When such a query succeeds, the shim asks each
+ * stream the process launched on whether its work is done (cuStreamQuery, without
+ * waiting): all done, production is idle as after a synchronisation. One event done says
+ * nothing of the rest (PyTorch's caching allocator queries events in mid-iteration), so
+ * an event alone is never taken for idle. A stream is noted at its first launch from a
+ * thread (each thread remembers the last one it noted); the set is the GPU's, under one
+ * lock, taken only to note a new stream and to check. What cannot be checked (more than
+ * TGS_STREAMS streams; a stream of another context, or the per-thread default stream of
+ * another thread; the set after a context was destroyed, until its next launches note
+ * theirs again) leaves production busy, as before. */
+static pthread_mutex_t g_streams_lock = PTHREAD_MUTEX_INITIALIZER;
+static unsigned g_streams_dropped; /* streams destroyed: a thread notes its stream again */
+/* The streams a thread noted last (most recent first), as of one epoch: a thread that
+ * launches on a few streams in turn does not take the lock for each launch. */
+#define TGS_NOTED 4
+struct streams_noted {
+    CUstream s[TGS_NOTED];
+    CUcontext ctx[TGS_NOTED];
+    unsigned epoch;
+};
+static __thread struct streams_noted t_noted __attribute__((tls_model("initial-exec")));
+
+static unsigned streams_epoch(void) {
+    return tgs_context_generation() + __atomic_load_n(&g_streams_dropped, __ATOMIC_RELAXED);
+}
+
+static int stream_matches(const struct tgs_stream_seen *e, CUstream s, CUcontext ctx, pthread_t self) {
+    if (e->s != s)
+        return 0;
+    if (s == CU_STREAM_PER_THREAD)
+        return e->ctx == ctx && pthread_equal(e->thread, self);
+    return !s || s == CU_STREAM_LEGACY ? e->ctx == ctx : 1;
+}
+
+/* The set of a GPU, emptied when a context was destroyed since it was noted (its streams
+ * may be gone). Under g_streams_lock. */
+static void streams_current(struct tgs_gpu *g) {
+    unsigned gen = tgs_context_generation();
+    if (g->streams_gen != gen) {
+        g->nstreams = 0;
+        g->streams_full = 0;
+        g->streams_gen = gen;
+    }
+}
+
+__attribute__((noinline)) static void note_stream_now(struct tgs_gpu *g, CUstream s, CUcontext ctx) {
+    unsigned epoch = streams_epoch();
+    pthread_t self = pthread_self();
+    pthread_mutex_lock(&g_streams_lock);
+    streams_current(g);
+    unsigned i = 0;
+    while (i < g->nstreams && !stream_matches(&g->streams[i], s, ctx, self))
+        i++;
+    if (i == g->nstreams) {
+        if (i < TGS_STREAMS)
+            g->streams[g->nstreams++] = (struct tgs_stream_seen){s, ctx, self};
+        else
+            g->streams_full = 1;
+    }
+    pthread_mutex_unlock(&g_streams_lock);
+    if (t_noted.epoch != epoch)
+        t_noted = (struct streams_noted){.epoch = epoch};
+    memmove(&t_noted.s[1], &t_noted.s[0], sizeof t_noted.s[0] * (TGS_NOTED - 1));
+    memmove(&t_noted.ctx[1], &t_noted.ctx[0], sizeof t_noted.ctx[0] * (TGS_NOTED - 1));
+    t_noted.s[0] = s;
+    t_noted.ctx[0] = ctx;
+}
+
+/* Production launches on `s` in `ctx` (before it marks its GPU busy). */
+static inline void note_stream(struct tgs_gpu *g, CUstream s, CUcontext ctx) {
+    if (likely(t_noted.epoch == streams_epoch()))
+        for (unsigned i = 0; i < TGS_NOTED; i++)
+            if (t_noted.s[i] == s && t_noted.ctx[i] == ctx) /* ctx is never NULL: an empty entry never matches */
+                return;
+    note_stream_now(g, s, ctx);
+}
+
+/* Whether every stream production launched on has its work done, asked without waiting.
+ * The stream found busy is asked first next time. */
+static int streams_drained(struct tgs_gpu *g, CUcontext ctx) {
+    pthread_t self = pthread_self();
+    int drained = 1;
+    pthread_mutex_lock(&g_streams_lock);
+    streams_current(g);
+    if (g->streams_full || !g->nstreams)
+        drained = 0;
+    for (unsigned i = 0; drained && i < g->nstreams; i++) {
+        struct tgs_stream_seen *e = &g->streams[i];
+        int askable = e->ctx == ctx && (e->s != CU_STREAM_PER_THREAD || pthread_equal(e->thread, self));
+        if (!askable || REAL(cuStreamQuery)(e->s) != CUDA_SUCCESS) {
+            drained = 0;
+            struct tgs_stream_seen first = g->streams[0];
+            g->streams[0] = *e;
+            *e = first;
+        }
+    }
+    pthread_mutex_unlock(&g_streams_lock);
+    return drained;
+}
+
+/* A destroyed stream leaves every GPU's set (its handle may be reused). */
+static void forget_stream(CUstream s) {
+    if (!s || s == CU_STREAM_LEGACY || s == CU_STREAM_PER_THREAD)
+        return;
+    pthread_mutex_lock(&g_streams_lock);
+    for (unsigned k = 0; k < TGS_MAX_GPUS; k++) {
+        struct tgs_gpu *g = &g_tgs.gpu[k];
+        for (unsigned i = 0; i < g->nstreams; i++)
+            if (g->streams[i].s == s)
+                g->streams[i--] = g->streams[--g->nstreams];
+    }
+    pthread_mutex_unlock(&g_streams_lock);
+    __atomic_add_fetch(&g_streams_dropped, 1, __ATOMIC_RELAXED);
 }
 
 /* ---------- opportunistic: the shim's own events ---------- */
@@ -410,6 +529,7 @@ void tgs_compute_after_fork(void) {
         g->ngaps = 0;
     }
     g_tgs.captures = 0;
+    pthread_mutex_init(&g_streams_lock, NULL);
 }
 
 /* ---------- opportunistic: how long its kernels run ---------- */
@@ -826,7 +946,8 @@ static inline void launch_begin(struct launch *L, CUstream s, const void *what, 
     L->g = NULL;
     if (!tgs_ready() || capturing(s))
         return;
-    struct tgs_gpu *g = tgs_current_gpu();
+    CUcontext ctx = NULL;
+    struct tgs_gpu *g = tgs_current_gpu_in(&ctx);
     if (!g)
         return;
     L->g = g;
@@ -838,6 +959,7 @@ static inline void launch_begin(struct launch *L, CUstream s, const void *what, 
         if (now)
             L->timed = timer_start(g, s, now, (uintptr_t)what, blocks, L->new_kernel);
     } else {
+        note_stream(g, s, ctx);
         mark_busy(g); /* before the launch: no opportunistic launch slips in between */
     }
 }
@@ -1062,21 +1184,56 @@ TGS_API CUresult CUDAAPI cuStreamEndCapture_ptsz(CUstream hStream, CUgraph *phGr
 
 /* ---------- synchronisation: production is idle once it completes ---------- */
 
+/* What the process launched on `g` is done: a completed synchronisation, or a query that
+ * found every stream drained. */
+static void work_done(struct tgs_gpu *g) {
+    __atomic_fetch_add(&g->ctr->syncs, 1, __ATOMIC_RELAXED);
+    if (g_tgs.cls == TGS_CLASS_PRODUCTION) {
+        uint64_t idle = tgs_production_idle(g);
+        if (idle)
+            expect_next(g, idle);
+    } else {
+        g->queue_end_ns = 0; /* what it launched is done (on this stream at least) */
+    }
+}
+
 static CUresult synced(CUresult r, int current_only) {
     if (r != CUDA_SUCCESS || !current_only || !tgs_ready())
         return r;
     struct tgs_gpu *g = tgs_current_gpu();
-    if (g) {
-        __atomic_fetch_add(&g->ctr->syncs, 1, __ATOMIC_RELAXED);
-        if (g_tgs.cls == TGS_CLASS_PRODUCTION) {
-            uint64_t idle = tgs_production_idle(g);
-            if (idle)
-                expect_next(g, idle);
-        } else {
-            g->queue_end_ns = 0; /* what it launched is done (on this stream at least) */
-        }
-    }
+    if (g)
+        work_done(g);
     return r;
+}
+
+/* A query that succeeded, in a busy production process: idle if every stream it launched
+ * on is drained, and it launched nothing meanwhile (a launch under way when the streams
+ * were asked, on a stream just asked, may then run unmarked, as after a synchronisation
+ * another thread's launch races). */
+static CUresult queried(CUresult r) {
+    if (r != CUDA_SUCCESS || g_tgs.cls != TGS_CLASS_PRODUCTION || !tgs_ready())
+        return r;
+    CUcontext ctx = NULL;
+    struct tgs_gpu *g = tgs_current_gpu_in(&ctx);
+    if (!g || !__atomic_load_n(&g->busy_marked, __ATOMIC_RELAXED))
+        return r;
+    uint64_t launches = __atomic_load_n(&g->ctr->launches, __ATOMIC_RELAXED);
+    if (streams_drained(g, ctx) && __atomic_load_n(&g->ctr->launches, __ATOMIC_RELAXED) == launches)
+        work_done(g);
+    return r;
+}
+
+TGS_API CUresult CUDAAPI cuEventQuery(CUevent hEvent) { return queried(REAL(cuEventQuery)(hEvent)); }
+TGS_API CUresult CUDAAPI cuStreamQuery(CUstream hStream) { return queried(REAL(cuStreamQuery)(hStream)); }
+TGS_API CUresult CUDAAPI cuStreamQuery_ptsz(CUstream hStream) { return queried(REAL(cuStreamQuery_ptsz)(hStream)); }
+
+TGS_API CUresult CUDAAPI cuStreamDestroy(CUstream hStream) {
+    forget_stream(hStream);
+    return REAL(cuStreamDestroy)(hStream);
+}
+TGS_API CUresult CUDAAPI cuStreamDestroy_v2(CUstream hStream) {
+    forget_stream(hStream);
+    return REAL(cuStreamDestroy_v2)(hStream);
 }
 
 TGS_API CUresult CUDAAPI cuStreamSynchronize(CUstream hStream) { return synced(REAL(cuStreamSynchronize)(hStream), 1); }

@@ -240,10 +240,12 @@ struct tgs_gpu *tgs_gpu_of_device(CUdevice dev) {
 }
 
 /* The GPU of the calling thread's current context (cached per thread). */
-struct tgs_gpu *tgs_current_gpu(void) {
+struct tgs_gpu *tgs_current_gpu_in(CUcontext *ctx) {
     CUcontext c = NULL;
     if (real_cuCtxGetCurrent(&c) != CUDA_SUCCESS || !c)
         return NULL;
+    if (ctx)
+        *ctx = c;
     unsigned gen = __atomic_load_n(&g_ctx_generation, __ATOMIC_RELAXED);
     struct ctx_cache *tc = &t_cache;
     if (likely(c == tc->ctx && tc->generation == gen))

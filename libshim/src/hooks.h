@@ -21,7 +21,8 @@
     X(cuStreamBeginCaptureToGraph_ptsz) X(cuStreamEndCapture) X(cuStreamEndCapture_ptsz)     \
     X(cuStreamSynchronize) X(cuStreamSynchronize_ptsz) X(cuCtxSynchronize)                   \
     X(cuCtxSynchronize_v2) X(cuEventSynchronize) X(cuMemcpyDtoH_v2) X(cuMemcpyDtoH_v2_ptds)   \
-    X(cuCtxDestroy_v2)                                                                       \
+    X(cuEventQuery) X(cuStreamQuery) X(cuStreamQuery_ptsz) X(cuStreamDestroy)                \
+    X(cuStreamDestroy_v2) X(cuCtxDestroy_v2)                                                 \
     X(cuDevicePrimaryCtxRelease_v2) X(cuDevicePrimaryCtxReset_v2)                            \
     /* memory (memory.c) */                                                                 \
     X(cuMemAlloc_v2) X(cuMemAllocPitch_v2) X(cuMemAllocManaged) X(cuMemFree_v2)             \
@@ -34,7 +35,7 @@
 #define TGS_NEEDS(X)                                                                         \
     X(cuCtxGetCurrent) X(cuCtxSetCurrent) X(cuCtxGetDevice) X(cuDeviceGetUuid_v2)            \
     X(cuDeviceGetUuid) X(cuDriverGetVersion) X(cuStreamCreate) X(cuStreamIsCapturing)        \
-    X(cuEventCreate) X(cuEventDestroy_v2) X(cuEventRecord) X(cuEventQuery)                   \
+    X(cuEventCreate) X(cuEventDestroy_v2) X(cuEventRecord)                                   \
     X(cuEventElapsedTime)                                                                    \
     X(cuGraphGetNodes) X(cuGraphNodeGetType) X(cuGraphKernelNodeGetParams_v2)               \
     X(cuMemAdvise) X(cuMemAdvise_v2) X(cuMemPrefetchAsync) X(cuMemPrefetchAsync_v2)          \

@@ -65,6 +65,12 @@ enum tgs_drain { /* an opportunistic process's queued work, behind busy producti
     TGS_DRAIN_UNKNOWN = 3, /* no event could be recorded: taken as running */
     TGS_DRAIN_BUSY = 4,    /* a thread is recording or querying it */
 };
+#define TGS_STREAMS 32    /* production: streams launched on, per GPU, that a query checks */
+struct tgs_stream_seen {
+    CUstream s;
+    CUcontext ctx;    /* the context it was launched in (a default stream is that context's) */
+    pthread_t thread; /* the launching thread (a per-thread default stream is that thread's) */
+};
 #define TGS_GAPS 8        /* production gaps remembered to expect the next launch */
 #define TGS_TIME_EVERY 32 /* opportunistic launches per timed one, on average (two event records each) */
 #define TGS_TIME_GAP_NS 50000000ull /* ... or fewer, when the last timed one is this long ago */
@@ -86,6 +92,10 @@ struct tgs_gpu { /* one control-block GPU slot, as this process sees it */
     uint64_t gaps[TGS_GAPS];               /* production: its last gaps from idle to the next launch */
     unsigned ngaps;
     uint64_t logged_gap;                   /* production: the shortest gap it last logged */
+    struct tgs_stream_seen streams[TGS_STREAMS]; /* production: the streams it launched on */
+    unsigned nstreams;
+    unsigned streams_gen;                  /* the context generation they were noted in */
+    int streams_full;                      /* more streams than that: no query proves it idle */
     pthread_mutex_t inflight_lock;         /* opportunistic: kernels in flight */
     CUevent ev[TGS_INFLIGHT_RING];
     CUcontext ev_ctx[TGS_INFLIGHT_RING];   /* the context each was made in, */
@@ -151,7 +161,8 @@ TGS_HIDDEN void *tgs_real_nvml(const char *name);
 TGS_HIDDEN int tgs_control_open(void); /* maps the control block; 0, or -1 (logged) */
 TGS_HIDDEN struct tgs_gpu *tgs_gpu_of_uuid(const CUuuid *uuid);
 TGS_HIDDEN struct tgs_gpu *tgs_gpu_of_device(CUdevice dev);
-TGS_HIDDEN struct tgs_gpu *tgs_current_gpu(void);
+TGS_HIDDEN struct tgs_gpu *tgs_current_gpu_in(CUcontext *ctx); /* and the current context, where it has a GPU */
+static inline struct tgs_gpu *tgs_current_gpu(void) { return tgs_current_gpu_in(NULL); }
 TGS_HIDDEN void tgs_forget_contexts(void);
 TGS_HIDDEN unsigned tgs_context_generation(void);
 TGS_HIDDEN void tgs_format_uuid(const unsigned char b[16], char out[TGS_UUID_LEN]);

@@ -13,6 +13,12 @@
  *   shim_checks copyloop S         for S seconds: iterations of ten 1 ms kernels ended by a
  *                                  synchronous cuMemcpyDtoH (no other synchronisation), then
  *                                  10 ms on the CPU; print iterations/s
+ *   shim_checks pollloop S         for S seconds: iterations as TensorFlow runs them, waited for by
+ *                                  polling events and never synchronised: a 1 ms kernel on one
+ *                                  stream, then nine on another (the first's event is polled until
+ *                                  done, as its event manager frees memory in mid-iteration), the result
+ *                                  copied on a second stream behind them, that copy's event polled
+ *                                  until done; then 10 ms on the CPU; print iterations/s
  *   shim_checks contexts N         N rounds of kernels in each of two contexts of GPU 0, then the
  *                                  same after destroying and making them again; print the heap
  *                                  bytes (mallinfo2) the rounds left in use
@@ -310,6 +316,47 @@ static void check_copyloop(double seconds) {
     printf("{\"iterations_per_s\": %.1f}\n", n / (now_s() - start));
 }
 
+static void poll_until_done(CUevent e) {
+    CUresult r;
+    while ((r = cuEventQuery(e)) == CUDA_ERROR_NOT_READY)
+        usleep(50);
+    if (r != CUDA_SUCCESS)
+        die("cuEventQuery returned %s", ename(r));
+}
+
+static void check_pollloop(double seconds) {
+    setup();
+    CUstream first, compute, copy;
+    OK(cuStreamCreate(&first, CU_STREAM_NON_BLOCKING));
+    OK(cuStreamCreate(&compute, CU_STREAM_NON_BLOCKING));
+    OK(cuStreamCreate(&copy, CU_STREAM_NON_BLOCKING));
+    CUevent early, computed, copied;
+    OK(cuEventCreate(&early, CU_EVENT_DISABLE_TIMING));
+    OK(cuEventCreate(&computed, CU_EVENT_DISABLE_TIMING));
+    OK(cuEventCreate(&copied, CU_EVENT_DISABLE_TIMING));
+    CUdeviceptr buf;
+    OK(cuMemAlloc(&buf, 4));
+    unsigned x = 0;
+    double start = now_s();
+    int n = 0;
+    while (now_s() - start < seconds) {
+        OK(spin(first, 1000000));
+        OK(cuEventRecord(early, first));
+        for (int k = 1; k < 10; k++)
+            OK(spin(compute, 1000000));
+        poll_until_done(early); /* its stream is done, the other not */
+        OK(cuEventRecord(computed, compute));
+        OK(cuStreamWaitEvent(copy, computed, 0));
+        OK(cuStreamWaitEvent(copy, early, 0));
+        OK(cuMemcpyDtoHAsync(&x, buf, sizeof x, copy));
+        OK(cuEventRecord(copied, copy));
+        poll_until_done(copied);
+        usleep(10000);
+        n++;
+    }
+    printf("{\"iterations_per_s\": %.1f}\n", n / (now_s() - start));
+}
+
 int main(int argc, char **argv) {
     if (argc < 2)
         return 2;
@@ -328,6 +375,7 @@ int main(int argc, char **argv) {
     else if (!strcmp(c, "contexts")) check_contexts(a);
     else if (!strcmp(c, "ipc")) check_ipc();
     else if (!strcmp(c, "copyloop")) check_copyloop(a);
+    else if (!strcmp(c, "pollloop")) check_pollloop(a);
     else return 2;
     return 0;
 }

@@ -108,7 +108,7 @@ struct tgs_daemon_part {
 struct tgs_gpu_counters { /* written by the shims, read by tgsd; one cache line pair */
     uint64_t launches;       /* kernels launched (graph launches count their kernel nodes) */
     uint64_t blocks;         /* thread blocks launched: the cost unit */
-    uint64_t syncs;          /* completed synchronisations */
+    uint64_t syncs;          /* completed synchronisations (production: and queries that found it idle) */
     uint64_t gcra_tat_ns;    /* opportunistic token bucket: theoretical arrival time */
     uint64_t throttled_ns;   /* time launching threads waited for tokens or production */
     uint64_t waits;          /* launches that waited */
@@ -125,7 +125,7 @@ struct tgs_gpu_counters { /* written by the shims, read by tgsd; one cache line 
     uint64_t mark_blocks;    /* `blocks` just before it */
     /* What sharing did to production, for tgsd to tell harm from production's own change.
      * Production: the time its processes had unfinished work (from an iteration start to
-     * the completed synchronisation that ends it). Opportunistic: the time its launching
+     * the synchronisation or query that finds it idle). Opportunistic: the time its launching
      * threads waited for production, and the part of that in which its own queued work
      * still ran (production ran beside it, or behind it). Zero from shims before these
      * counters (their place was reserved). */
@@ -153,7 +153,7 @@ struct tgs_control {
 /* ---------------------------------------------------------------------------------
  * Production activity: one file per GPU (activity/<uuid>), one byte per production
  * process (the slot tgsd gave it in its hello acknowledgement): 1 while the process
- * has launched work on the GPU since its last completed synchronisation. Production
+ * has launched work on the GPU since it was last found idle (libshim/src/compute.c). Production
  * containers map it read-write, opportunistic ones read-only; tgsd clears the byte of
  * a process that died.
  *

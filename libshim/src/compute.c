@@ -26,7 +26,7 @@
 
 /* ---------- production activity ---------- */
 
-/* An iteration starts (the first launch since a completed synchronisation): tell tgsd
+/* An iteration starts (the first launch since production was found idle): tell tgsd
  * when, and how many blocks came before it. Timed from one iteration start to another,
  * production's progress is exact; a window's block count is off by up to an iteration.
  * A writer that finds another one writing leaves the mark to it. */
@@ -109,7 +109,7 @@ static inline void mark_busy(struct tgs_gpu *g) {
     mark_busy_now(g);
 }
 
-/* Production's work is done (a completed synchronisation, or the process leaves TGS):
+/* Production's work is done (found idle: work_done, below; or the process leaves TGS):
  * its byte is cleared and the time it was set is counted (busy_ns). Returns when (0: it
  * was not busy). */
 uint64_t tgs_production_idle(struct tgs_gpu *g) {

@@ -1,7 +1,8 @@
 """Production that holds the gate without using the GPU (ARCHITECTURE.md, "Gating").
 
-A production shim sets its activity byte at the first launch after a completed
-synchronisation and clears it when the next one completes. A job frozen in between
+A production shim sets its activity byte at the first launch after it was last found idle
+and clears it when it is found idle again (a completed synchronisation, or a query that
+finds all its streams done: docs/shim.md). A job frozen in between
 (`docker pause`, SIGSTOP, a debugger) or in a long host phase keeps the byte set with
 nothing on the GPU, and opportunistic shims would wait behind it for as long. tgsd lifts
 the gate for the GPU when production's byte has been held for STALL_S with no production

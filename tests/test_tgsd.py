@@ -116,23 +116,27 @@ def test_a_production_job_stopped_mid_iteration_leaves_the_gpu_to_opportunistic_
     d.wait_event("production goes on: opportunistic work waits behind it again", timeout=1)
 
 
-@pytest.mark.parametrize("ending", ["copyloop", "pollloop"], ids=["a synchronous copy", "polled events"])
-def test_production_that_ends_iterations_without_synchronising_leaves_its_idle_time(ending, simgpu, tgsd, libshim,
-                                                                                    c_programs):
+@pytest.mark.parametrize("ending,fault", [("copyloop", ""), ("pollloop", ""), ("pollthread", "slow-launch")],
+                         ids=["a synchronous copy", "polled events", "a poller thread beside slow launches"])
+def test_production_that_ends_iterations_without_synchronising_leaves_its_idle_time(ending, fault, simgpu, tgsd,
+                                                                                    libshim, c_programs):
     """A production job whose iterations end with no stream, context or event
     synchronisation is idle after each: one that copies its result to the host
     synchronously (the CUDA runtime's cudaMemcpy), and one that polls events until its work
     is done (TensorFlow's way, which also polls events in mid-iteration, when its work is
-    not done). Opportunistic work gets their gaps, and production keeps its engine."""
+    not done, and from a thread of its own, which finds the GPU idle while the launching
+    thread is in the middle of a launch: the kernel that launch queues is still
+    production's). Opportunistic work gets their gaps, and production keeps its engine."""
     d = tgsd()
     prod, opp = d.register("production"), d.register("opportunistic")
     loop = [str(c_programs("shim_checks.c", link_cuda=True)), ending]
-    solo = simgpu.spawn([*loop, "4"], "solo", prod.env(libshim.shim))
+    env = {**prod.env(libshim.shim), **({"SIMGPU_FAULT": fault} if fault else {})}
+    solo = simgpu.spawn([*loop, "4"], "solo", env)
     simgpu.wait_for_contexts(["solo"])
     time.sleep(1)
     alone = busy(simgpu, ["solo"], 2)["solo"] / 2
     assert solo.wait() == 0, solo.stdout + solo.stderr
-    p = simgpu.spawn([*loop, "9"], "prod", prod.env(libshim.shim))
+    p = simgpu.spawn([*loop, "9"], "prod", env)
     o = simgpu.workload(HOG, "opp", opp.env(libshim.shim))
     simgpu.wait_for_contexts(["prod", "opp"])
     time.sleep(3)

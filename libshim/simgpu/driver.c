@@ -1319,6 +1319,8 @@ static CUresult launch(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsi
         return r;
     if (s->capture)
         return graph_add(s->capture, &L) ? CUDA_SUCCESS : CUDA_ERROR_OUT_OF_MEMORY;
+    if (g_sim.fault_slow_launch)
+        usleep(SIM_SLOW_LAUNCH_US); /* injected: the call is slow to queue its kernel */
     return exec_launch(s->ctx, s, &L);
 }
 

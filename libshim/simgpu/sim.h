@@ -30,6 +30,7 @@
 /* ---- constants of the shared state (documented in docs/simgpu.md) ---- */
 #define SIM_MAGIC 0x31305550474d4953ULL /* "SIMGPU01" */
 #define SIM_STATE_VERSION 2u
+#define SIM_SLOW_LAUNCH_US 5000 /* SIMGPU_FAULT=slow-launch: what a launch call takes */
 #define SIM_MAX_DEVICES 8
 #define SIM_MAX_PROCS 256
 #define SIM_MAX_CTX 64        /* context slots per device (live and recently ended) */
@@ -150,6 +151,7 @@ struct sim_global {
     uint32_t my_gen;
     int log_level;
     int fault_drop_writeback;
+    int fault_slow_launch; /* each launch call takes SIM_SLOW_LAUNCH_US before its kernel is queued */
     /* CUDA_VISIBLE_DEVICES / SIMGPU_VISIBLE_DEVICES: ordinal -> state device */
     int nvisible;
     int visible[SIM_MAX_DEVICES];

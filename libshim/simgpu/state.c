@@ -288,7 +288,9 @@ int sim_open_state_at(const char *path, int create) {
     if (g_sim.initialised)
         return 0;
     read_log_level();
-    g_sim.fault_drop_writeback = getenv("SIMGPU_FAULT") && strstr(getenv("SIMGPU_FAULT"), "drop-writeback");
+    const char *fault = getenv("SIMGPU_FAULT");
+    g_sim.fault_drop_writeback = fault && strstr(fault, "drop-writeback");
+    g_sim.fault_slow_launch = fault && strstr(fault, "slow-launch");
     struct sim_settings set;
     if (read_settings(&set))
         return -1;

@@ -109,6 +109,23 @@ static inline void mark_busy(struct tgs_gpu *g) {
     mark_busy_now(g);
 }
 
+/* A launch was under way while another thread found production idle (its streams drained
+ * before the kernel reached one; a TensorFlow poller beside the launching thread meets
+ * this whenever the GPU has caught up): busy again, as that launch had marked it. Not an
+ * iteration start, and no gap: the idle spell did not happen. */
+__attribute__((noinline)) static void mark_busy_again(struct tgs_gpu *g) {
+    uint32_t slot = __atomic_load_n(&g_tgs.activity_slot, __ATOMIC_RELAXED);
+    if (slot >= TGS_ACTIVITY_SLOTS || !g->activity_rw)
+        return;
+    g->activity_rw[slot] = 1;
+    g->busy_since_ns = tgs_now();
+    __atomic_store_n(&g->busy_marked, 1, __ATOMIC_RELAXED);
+    g->idle_ns = 0;
+    volatile struct tgs_expectation *e = own_expectation(g, slot);
+    if (e)
+        __atomic_store_n(&e->due_until_ns, 0, __ATOMIC_RELAXED);
+}
+
 /* Production's work is done (found idle: work_done, below; or the process leaves TGS):
  * its byte is cleared and the time it was set is counted (busy_ns). Returns when (0: it
  * was not busy). */
@@ -942,7 +959,8 @@ static uint64_t opportunistic_admit(struct tgs_gpu *g, struct launch *L, CUstrea
 /* The stream a per-thread entry point means by NULL. */
 static inline CUstream pt_stream(CUstream s, int per_thread) { return per_thread && !s ? CU_STREAM_PER_THREAD : s; }
 
-static inline void launch_begin(struct launch *L, CUstream s, const void *what, uint64_t blocks) {
+/* Inlined into each wrapper: called, it cost production's launch about 20 instructions. */
+static inline __attribute__((always_inline)) void launch_begin(struct launch *L, CUstream s, const void *what, uint64_t blocks) {
     L->g = NULL;
     if (!tgs_ready() || capturing(s))
         return;
@@ -972,10 +990,16 @@ static inline void launch_end(struct launch *L, CUresult r, CUstream s, uint64_t
         timer_stop(g, s, r == CUDA_SUCCESS);
     if (r != CUDA_SUCCESS)
         return;
-    __atomic_fetch_add(&g->ctr->launches, kernels, __ATOMIC_RELAXED);
+    __atomic_fetch_add(&g->ctr->launches, kernels, __ATOMIC_SEQ_CST);
     __atomic_fetch_add(&g->ctr->blocks, L->blocks, __ATOMIC_RELAXED);
-    if (g_tgs.cls == TGS_CLASS_OPPORTUNISTIC && L->bound_ns)
-        inflight_record(g, s, L->bound_ns, L->cost_ns);
+    if (g_tgs.cls == TGS_CLASS_OPPORTUNISTIC) {
+        if (L->bound_ns)
+            inflight_record(g, s, L->bound_ns, L->cost_ns);
+    } else if (unlikely(!__atomic_load_n(&g->busy_marked, __ATOMIC_SEQ_CST))) {
+        /* found idle during the launch (queried, synced): after the count, which a query
+         * reads after its check, so that one of the two sees the other */
+        mark_busy_again(g);
+    }
 }
 
 static inline uint64_t grid(unsigned x, unsigned y, unsigned z) { return (uint64_t)x * y * z; }
@@ -1207,9 +1231,11 @@ static CUresult synced(CUresult r, int current_only) {
 }
 
 /* A query that succeeded, in a busy production process: idle if every stream it launched
- * on is drained, and it launched nothing meanwhile (a launch under way when the streams
- * were asked, on a stream just asked, may then run unmarked, as after a synchronisation
- * another thread's launch races). */
+ * on is drained, and it launched nothing meanwhile. A launch under way when the streams
+ * were asked (its kernel not yet on a stream) finds production idle when it has been
+ * counted, and marks it busy again (launch_end); only a launch counted between the
+ * second reading of the count here and the byte's clearing, a few instructions, can
+ * still run unmarked until the process's next launch. */
 static CUresult queried(CUresult r) {
     if (r != CUDA_SUCCESS || g_tgs.cls != TGS_CLASS_PRODUCTION || !tgs_ready())
         return r;
@@ -1218,7 +1244,7 @@ static CUresult queried(CUresult r) {
     if (!g || !__atomic_load_n(&g->busy_marked, __ATOMIC_RELAXED))
         return r;
     uint64_t launches = __atomic_load_n(&g->ctr->launches, __ATOMIC_RELAXED);
-    if (streams_drained(g, ctx) && __atomic_load_n(&g->ctr->launches, __ATOMIC_RELAXED) == launches)
+    if (streams_drained(g, ctx) && __atomic_load_n(&g->ctr->launches, __ATOMIC_SEQ_CST) == launches)
         work_done(g);
     return r;
 }

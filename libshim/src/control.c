@@ -204,7 +204,7 @@ struct tgs_gpu *tgs_gpu_of_uuid(const CUuuid *uuid) {
 #define TGS_MAX_ORDINALS 64
 static struct tgs_gpu *g_by_ordinal[TGS_MAX_ORDINALS];
 static int g_ordinal_known[TGS_MAX_ORDINALS];
-static unsigned g_ctx_generation;
+unsigned tgs_ctx_generation; /* bumped when a context may have been destroyed */
 
 /* Per-thread cache of the current context's GPU. Initial-exec TLS: an offset from the
  * thread pointer, resolved when the library is loaded, so the library needs nothing from
@@ -246,7 +246,7 @@ struct tgs_gpu *tgs_current_gpu_in(CUcontext *ctx) {
         return NULL;
     if (ctx)
         *ctx = c;
-    unsigned gen = __atomic_load_n(&g_ctx_generation, __ATOMIC_RELAXED);
+    unsigned gen = __atomic_load_n(&tgs_ctx_generation, __ATOMIC_RELAXED);
     struct ctx_cache *tc = &t_cache;
     if (likely(c == tc->ctx && tc->generation == gen))
         return tc->gpu;
@@ -261,7 +261,5 @@ struct tgs_gpu *tgs_current_gpu_in(CUcontext *ctx) {
 }
 
 /* A context may have been destroyed: what was cached per context is looked up again. */
-void tgs_forget_contexts(void) { __atomic_add_fetch(&g_ctx_generation, 1, __ATOMIC_RELAXED); }
+void tgs_forget_contexts(void) { __atomic_add_fetch(&tgs_ctx_generation, 1, __ATOMIC_RELAXED); }
 
-/* Unchanged since a context was seen: that context still lives. */
-unsigned tgs_context_generation(void) { return __atomic_load_n(&g_ctx_generation, __ATOMIC_RELAXED); }

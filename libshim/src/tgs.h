@@ -164,7 +164,9 @@ TGS_HIDDEN struct tgs_gpu *tgs_gpu_of_device(CUdevice dev);
 TGS_HIDDEN struct tgs_gpu *tgs_current_gpu_in(CUcontext *ctx); /* and the current context, where it has a GPU */
 static inline struct tgs_gpu *tgs_current_gpu(void) { return tgs_current_gpu_in(NULL); }
 TGS_HIDDEN void tgs_forget_contexts(void);
-TGS_HIDDEN unsigned tgs_context_generation(void);
+TGS_HIDDEN extern unsigned tgs_ctx_generation;
+/* Unchanged since a context was seen: that context still lives. */
+static inline unsigned tgs_context_generation(void) { return __atomic_load_n(&tgs_ctx_generation, __ATOMIC_RELAXED); }
 TGS_HIDDEN void tgs_format_uuid(const unsigned char b[16], char out[TGS_UUID_LEN]);
 TGS_HIDDEN uint64_t tgs_now(void);
 TGS_HIDDEN void tgs_sleep_until(uint64_t t_ns);

@@ -19,6 +19,11 @@
  *                                  done, as its event manager frees memory in mid-iteration), the result
  *                                  copied on a second stream behind them, that copy's event polled
  *                                  until done; then 10 ms on the CPU; print iterations/s
+ *   shim_checks pollthread S       for S seconds: iterations of one 20 ms kernel, waited for by
+ *                                  another thread that polls events all along (the last
+ *                                  iteration's, done, while the launch is under way), then 20 ms on
+ *                                  the CPU; print iterations/s (with SIMGPU_FAULT=slow-launch, the
+ *                                  poller finds every stream drained in the middle of each launch)
  *   shim_checks contexts N         N rounds of kernels in each of two contexts of GPU 0, then the
  *                                  same after destroying and making them again; print the heap
  *                                  bytes (mallinfo2) the rounds left in use
@@ -357,6 +362,58 @@ static void check_pollloop(double seconds) {
     printf("{\"iterations_per_s\": %.1f}\n", n / (now_s() - start));
 }
 
+static struct {
+    CUcontext ctx;
+    CUevent watched; /* the event the poller polls */
+    CUevent done;    /* the last event it found done */
+    int stop;
+} g_poll;
+
+static void *poller(void *arg) {
+    (void)arg;
+    OK(cuCtxSetCurrent(g_poll.ctx));
+    while (!__atomic_load_n(&g_poll.stop, __ATOMIC_ACQUIRE)) {
+        CUevent e = __atomic_load_n(&g_poll.watched, __ATOMIC_ACQUIRE);
+        CUresult r = cuEventQuery(e);
+        if (r == CUDA_SUCCESS)
+            __atomic_store_n(&g_poll.done, e, __ATOMIC_RELEASE);
+        else if (r != CUDA_ERROR_NOT_READY)
+            die("cuEventQuery returned %s", ename(r));
+        usleep(50);
+    }
+    return NULL;
+}
+
+static void check_pollthread(double seconds) {
+    setup();
+    OK(cuCtxGetCurrent(&g_poll.ctx));
+    CUstream compute;
+    OK(cuStreamCreate(&compute, CU_STREAM_NON_BLOCKING));
+    CUevent ev[2];
+    for (int i = 0; i < 2; i++)
+        OK(cuEventCreate(&ev[i], CU_EVENT_DISABLE_TIMING));
+    OK(cuEventRecord(ev[1], compute));
+    g_poll.watched = ev[1];
+    pthread_t t;
+    if (pthread_create(&t, NULL, poller, NULL))
+        die("pthread_create failed");
+    double start = now_s();
+    int n = 0;
+    while (now_s() - start < seconds) {
+        OK(spin(compute, 20000000)); /* the poller polls the last iteration's event meanwhile */
+        CUevent e = ev[n % 2];
+        OK(cuEventRecord(e, compute));
+        __atomic_store_n(&g_poll.watched, e, __ATOMIC_RELEASE);
+        while (__atomic_load_n(&g_poll.done, __ATOMIC_ACQUIRE) != e)
+            usleep(50);
+        usleep(20000);
+        n++;
+    }
+    __atomic_store_n(&g_poll.stop, 1, __ATOMIC_RELEASE);
+    pthread_join(t, NULL);
+    printf("{\"iterations_per_s\": %.1f}\n", n / (now_s() - start));
+}
+
 int main(int argc, char **argv) {
     if (argc < 2)
         return 2;
@@ -376,6 +433,7 @@ int main(int argc, char **argv) {
     else if (!strcmp(c, "ipc")) check_ipc();
     else if (!strcmp(c, "copyloop")) check_copyloop(a);
     else if (!strcmp(c, "pollloop")) check_pollloop(a);
+    else if (!strcmp(c, "pollthread")) check_pollthread(a);
     else return 2;
     return 0;
 }

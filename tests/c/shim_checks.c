@@ -304,21 +304,30 @@ static void check_contexts(int n) {
     printf("{\"rounds\": %d, \"heap_growth_bytes\": %zu}\n", n, grown);
 }
 
-static void check_copyloop(double seconds) {
-    setup();
-    CUdeviceptr buf;
-    OK(cuMemAlloc(&buf, 4));
-    unsigned x = 0;
+/* Runs iteration `one` (given its number) over and over for `seconds`; prints iterations/s. */
+static void iterate(double seconds, void (*one)(int n)) {
     double start = now_s();
     int n = 0;
-    while (now_s() - start < seconds) {
-        for (int k = 0; k < 10; k++)
-            OK(spin(NULL, 1000000));
-        OK(cuMemcpyDtoH(&x, buf, sizeof x));
-        usleep(10000);
-        n++;
-    }
+    while (now_s() - start < seconds)
+        one(n++);
     printf("{\"iterations_per_s\": %.1f}\n", n / (now_s() - start));
+}
+
+static CUdeviceptr g_result; /* 4 bytes an iteration copies to the host */
+
+static void copyloop_one(int n) {
+    (void)n;
+    unsigned x;
+    for (int k = 0; k < 10; k++)
+        OK(spin(NULL, 1000000));
+    OK(cuMemcpyDtoH(&x, g_result, sizeof x));
+    usleep(10000);
+}
+
+static void check_copyloop(double seconds) {
+    setup();
+    OK(cuMemAlloc(&g_result, 4));
+    iterate(seconds, copyloop_one);
 }
 
 static void poll_until_done(CUevent e) {
@@ -329,41 +338,44 @@ static void poll_until_done(CUevent e) {
         die("cuEventQuery returned %s", ename(r));
 }
 
+static struct {
+    CUstream first, compute, copy;
+    CUevent early, computed, copied;
+} g_pl;
+
+static void pollloop_one(int n) {
+    (void)n;
+    static unsigned x;
+    OK(spin(g_pl.first, 1000000));
+    OK(cuEventRecord(g_pl.early, g_pl.first));
+    for (int k = 1; k < 10; k++)
+        OK(spin(g_pl.compute, 1000000));
+    poll_until_done(g_pl.early); /* its stream is done, the other not */
+    OK(cuEventRecord(g_pl.computed, g_pl.compute));
+    OK(cuStreamWaitEvent(g_pl.copy, g_pl.computed, 0));
+    OK(cuStreamWaitEvent(g_pl.copy, g_pl.early, 0));
+    OK(cuMemcpyDtoHAsync(&x, g_result, sizeof x, g_pl.copy));
+    OK(cuEventRecord(g_pl.copied, g_pl.copy));
+    poll_until_done(g_pl.copied);
+    usleep(10000);
+}
+
 static void check_pollloop(double seconds) {
     setup();
-    CUstream first, compute, copy;
-    OK(cuStreamCreate(&first, CU_STREAM_NON_BLOCKING));
-    OK(cuStreamCreate(&compute, CU_STREAM_NON_BLOCKING));
-    OK(cuStreamCreate(&copy, CU_STREAM_NON_BLOCKING));
-    CUevent early, computed, copied;
-    OK(cuEventCreate(&early, CU_EVENT_DISABLE_TIMING));
-    OK(cuEventCreate(&computed, CU_EVENT_DISABLE_TIMING));
-    OK(cuEventCreate(&copied, CU_EVENT_DISABLE_TIMING));
-    CUdeviceptr buf;
-    OK(cuMemAlloc(&buf, 4));
-    unsigned x = 0;
-    double start = now_s();
-    int n = 0;
-    while (now_s() - start < seconds) {
-        OK(spin(first, 1000000));
-        OK(cuEventRecord(early, first));
-        for (int k = 1; k < 10; k++)
-            OK(spin(compute, 1000000));
-        poll_until_done(early); /* its stream is done, the other not */
-        OK(cuEventRecord(computed, compute));
-        OK(cuStreamWaitEvent(copy, computed, 0));
-        OK(cuStreamWaitEvent(copy, early, 0));
-        OK(cuMemcpyDtoHAsync(&x, buf, sizeof x, copy));
-        OK(cuEventRecord(copied, copy));
-        poll_until_done(copied);
-        usleep(10000);
-        n++;
+    CUstream *streams[] = {&g_pl.first, &g_pl.compute, &g_pl.copy};
+    CUevent *events[] = {&g_pl.early, &g_pl.computed, &g_pl.copied};
+    for (int i = 0; i < 3; i++) {
+        OK(cuStreamCreate(streams[i], CU_STREAM_NON_BLOCKING));
+        OK(cuEventCreate(events[i], CU_EVENT_DISABLE_TIMING));
     }
-    printf("{\"iterations_per_s\": %.1f}\n", n / (now_s() - start));
+    OK(cuMemAlloc(&g_result, 4));
+    iterate(seconds, pollloop_one);
 }
 
 static struct {
     CUcontext ctx;
+    CUstream compute;
+    CUevent ev[2];   /* recorded by turns, one per iteration */
     CUevent watched; /* the event the poller polls */
     CUevent done;    /* the last event it found done */
     int stop;
@@ -384,34 +396,30 @@ static void *poller(void *arg) {
     return NULL;
 }
 
+static void pollthread_one(int n) {
+    OK(spin(g_poll.compute, 20000000)); /* the poller polls the last iteration's event meanwhile */
+    CUevent e = g_poll.ev[n % 2];
+    OK(cuEventRecord(e, g_poll.compute));
+    __atomic_store_n(&g_poll.watched, e, __ATOMIC_RELEASE);
+    while (__atomic_load_n(&g_poll.done, __ATOMIC_ACQUIRE) != e)
+        usleep(50);
+    usleep(20000);
+}
+
 static void check_pollthread(double seconds) {
     setup();
     OK(cuCtxGetCurrent(&g_poll.ctx));
-    CUstream compute;
-    OK(cuStreamCreate(&compute, CU_STREAM_NON_BLOCKING));
-    CUevent ev[2];
+    OK(cuStreamCreate(&g_poll.compute, CU_STREAM_NON_BLOCKING));
     for (int i = 0; i < 2; i++)
-        OK(cuEventCreate(&ev[i], CU_EVENT_DISABLE_TIMING));
-    OK(cuEventRecord(ev[1], compute));
-    g_poll.watched = ev[1];
+        OK(cuEventCreate(&g_poll.ev[i], CU_EVENT_DISABLE_TIMING));
+    OK(cuEventRecord(g_poll.ev[1], g_poll.compute));
+    g_poll.watched = g_poll.ev[1];
     pthread_t t;
     if (pthread_create(&t, NULL, poller, NULL))
         die("pthread_create failed");
-    double start = now_s();
-    int n = 0;
-    while (now_s() - start < seconds) {
-        OK(spin(compute, 20000000)); /* the poller polls the last iteration's event meanwhile */
-        CUevent e = ev[n % 2];
-        OK(cuEventRecord(e, compute));
-        __atomic_store_n(&g_poll.watched, e, __ATOMIC_RELEASE);
-        while (__atomic_load_n(&g_poll.done, __ATOMIC_ACQUIRE) != e)
-            usleep(50);
-        usleep(20000);
-        n++;
-    }
+    iterate(seconds, pollthread_one);
     __atomic_store_n(&g_poll.stop, 1, __ATOMIC_RELEASE);
     pthread_join(t, NULL);
-    printf("{\"iterations_per_s\": %.1f}\n", n / (now_s() - start));
 }
 
 int main(int argc, char **argv) {

@@ -108,7 +108,7 @@ struct tgs_daemon_part {
 struct tgs_gpu_counters { /* written by the shims, read by tgsd; one cache line pair */
     uint64_t launches;       /* kernels launched (graph launches count their kernel nodes) */
     uint64_t blocks;         /* thread blocks launched: the cost unit */
-    uint64_t syncs;          /* completed synchronisations (production: and queries that found it idle) */
+    uint64_t syncs;          /* times its work was found done (libshim/src/compute.c, work_done) */
     uint64_t gcra_tat_ns;    /* opportunistic token bucket: theoretical arrival time */
     uint64_t throttled_ns;   /* time launching threads waited for tokens or production */
     uint64_t waits;          /* launches that waited */

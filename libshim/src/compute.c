@@ -1,10 +1,9 @@
 /* libtgs.so: compute sharing (ARCHITECTURE.md, "Compute sharing").
  *
  * Cost unit: one thread block. Production launches are counted (relaxed atomic adds in
- * the control block) and mark the GPU's production activity byte busy until the next
- * completed synchronisation, or a successful query that finds every stream it launched on
- * done (a job that waits by polling). Opportunistic launches wait while production has unfinished
- * work on the GPU, keep at most `inflight_max` kernels' worth of work in flight (tracked
+ * the control block) and mark the GPU's production activity byte busy until it is found
+ * idle (a synchronisation or query after which its streams have no work: docs/shim.md).
+ * Opportunistic launches wait while production has unfinished work on the GPU, keep at most `inflight_max` kernels' worth of work in flight (tracked
  * with events; a kernel shorter than TGS_INFLIGHT_QUANTUM_NS counts as the part of it it
  * runs), and spend tokens from the container's shared bucket (GCRA: one CAS on the control
  * block). Work launched on a capturing stream is neither counted nor throttled; a graph
@@ -157,19 +156,20 @@ static int production_busy(const struct tgs_gpu *g) {
     return (any[0] | any[1]) != 0;
 }
 
-/* ---------- production: idle as a query finds it ---------- */
+/* ---------- production: its streams, asked whether their work is done ---------- */
 
-/* A job that waits for its work by polling (TensorFlow's event manager polls cuEventQuery)
- * never completes a synchronisation. When such a query succeeds, the shim asks each
- * stream the process launched on whether its work is done (cuStreamQuery, without
- * waiting): all done, production is idle as after a synchronisation. One event done says
- * nothing of the rest (PyTorch's caching allocator queries events in mid-iteration), so
- * an event alone is never taken for idle. A stream is noted at its first launch from a
- * thread (each thread remembers the last one it noted); the set is the GPU's, under one
- * lock, taken only to note a new stream and to check. What cannot be checked (more than
- * TGS_STREAMS streams; a stream of another context, or the per-thread default stream of
- * another thread; the set after a context was destroyed, until its next launches note
- * theirs again) leaves production busy, as before. */
+/* One stream or event done says nothing of the rest of production's work: an inference
+ * server's threads each synchronise their own stream, PyTorch's caching allocator queries
+ * events in mid-iteration, TensorFlow's event manager polls events and never synchronises.
+ * So the shim notes each stream production launches on and asks them all (cuStreamQuery,
+ * without waiting) when a stream or event synchronisation completes (idle unless one has
+ * work) or a query succeeds (idle only if every one is known to be done). A stream is
+ * noted at a thread's first launch on it (each thread caches the last TGS_NOTED it noted);
+ * the set is the GPU's, under one lock, taken only to note a new stream and to ask. What
+ * cannot be asked (more than TGS_STREAMS streams; a stream of another context, or the
+ * per-thread default stream of another thread; the set after a context was destroyed,
+ * until its next launches note theirs again) is unknown: done to a synchronisation, busy
+ * to a query. */
 static pthread_mutex_t g_streams_lock = PTHREAD_MUTEX_INITIALIZER;
 static unsigned g_streams_dropped; /* streams destroyed: a thread notes its stream again */
 /* The streams a thread noted last (most recent first), as of one epoch: a thread that
@@ -237,27 +237,36 @@ static inline void note_stream(struct tgs_gpu *g, CUstream s, CUcontext ctx) {
     note_stream_now(g, s, ctx);
 }
 
-/* Whether every stream production launched on has its work done, asked without waiting.
- * The stream found busy is asked first next time. */
-static int streams_drained(struct tgs_gpu *g, CUcontext ctx) {
+/* What production's streams say, asked without waiting. */
+enum streams_state {
+    STREAMS_DRAINED, /* every stream it launched on has its work done */
+    STREAMS_BUSY,    /* one of them has not (it is asked first next time) */
+    STREAMS_UNKNOWN, /* none said busy, but not all could be asked */
+};
+
+static enum streams_state streams_state(struct tgs_gpu *g, CUcontext ctx) {
     pthread_t self = pthread_self();
-    int drained = 1;
+    enum streams_state st = STREAMS_DRAINED;
     pthread_mutex_lock(&g_streams_lock);
     streams_current(g);
     if (g->streams_full || !g->nstreams)
-        drained = 0;
-    for (unsigned i = 0; drained && i < g->nstreams; i++) {
+        st = STREAMS_UNKNOWN;
+    for (unsigned i = 0; i < g->nstreams; i++) {
         struct tgs_stream_seen *e = &g->streams[i];
         int askable = e->ctx == ctx && (e->s != CU_STREAM_PER_THREAD || pthread_equal(e->thread, self));
-        if (!askable || REAL(cuStreamQuery)(e->s) != CUDA_SUCCESS) {
-            drained = 0;
+        CUresult q = askable ? REAL(cuStreamQuery)(e->s) : CUDA_ERROR_INVALID_CONTEXT;
+        if (q == CUDA_ERROR_NOT_READY) {
             struct tgs_stream_seen first = g->streams[0];
             g->streams[0] = *e;
             *e = first;
+            st = STREAMS_BUSY;
+            break;
         }
+        if (q != CUDA_SUCCESS)
+            st = STREAMS_UNKNOWN;
     }
     pthread_mutex_unlock(&g_streams_lock);
-    return drained;
+    return st;
 }
 
 /* A destroyed stream leaves every GPU's set (its handle may be reused). */
@@ -1221,12 +1230,25 @@ static void work_done(struct tgs_gpu *g) {
     }
 }
 
-static CUresult synced(CUresult r, int current_only) {
-    if (r != CUDA_SUCCESS || !current_only || !tgs_ready())
+/* What a completed synchronisation waited for. */
+enum sync_scope {
+    SYNC_ELSEWHERE, /* another context than the current one: says nothing of this one */
+    SYNC_CONTEXT,   /* all the current context's work */
+    SYNC_PART,      /* one stream's or one event's: production stays busy where another of
+                     * its streams still has work (an inference server's threads, each
+                     * synchronising its own stream); what cannot be asked is taken as done */
+};
+
+static CUresult synced(CUresult r, enum sync_scope scope) {
+    if (r != CUDA_SUCCESS || scope == SYNC_ELSEWHERE || !tgs_ready())
         return r;
-    struct tgs_gpu *g = tgs_current_gpu();
-    if (g)
-        work_done(g);
+    CUcontext ctx = NULL;
+    struct tgs_gpu *g = tgs_current_gpu_in(&ctx);
+    if (!g)
+        return r;
+    if (scope == SYNC_PART && g_tgs.cls == TGS_CLASS_PRODUCTION && streams_state(g, ctx) == STREAMS_BUSY)
+        return r;
+    work_done(g);
     return r;
 }
 
@@ -1244,7 +1266,7 @@ static CUresult queried(CUresult r) {
     if (!g || !__atomic_load_n(&g->busy_marked, __ATOMIC_RELAXED))
         return r;
     uint64_t launches = __atomic_load_n(&g->ctr->launches, __ATOMIC_RELAXED);
-    if (streams_drained(g, ctx) && __atomic_load_n(&g->ctr->launches, __ATOMIC_SEQ_CST) == launches)
+    if (streams_state(g, ctx) == STREAMS_DRAINED && __atomic_load_n(&g->ctr->launches, __ATOMIC_SEQ_CST) == launches)
         work_done(g);
     return r;
 }
@@ -1262,27 +1284,27 @@ TGS_API CUresult CUDAAPI cuStreamDestroy_v2(CUstream hStream) {
     return REAL(cuStreamDestroy_v2)(hStream);
 }
 
-TGS_API CUresult CUDAAPI cuStreamSynchronize(CUstream hStream) { return synced(REAL(cuStreamSynchronize)(hStream), 1); }
+TGS_API CUresult CUDAAPI cuStreamSynchronize(CUstream hStream) { return synced(REAL(cuStreamSynchronize)(hStream), SYNC_PART); }
 /* A synchronous copy to the host returns once the work queued before it on its stream is
  * done: a completed synchronisation, for programs that end their iterations with one
  * instead of a stream or context synchronisation. (The unified cuMemcpy is not taken as
  * one: towards the device it may return before the work is done.) */
 TGS_API CUresult CUDAAPI cuMemcpyDtoH_v2(void *dstHost, CUdeviceptr srcDevice, size_t ByteCount) {
-    return synced(REAL(cuMemcpyDtoH_v2)(dstHost, srcDevice, ByteCount), 1);
+    return synced(REAL(cuMemcpyDtoH_v2)(dstHost, srcDevice, ByteCount), SYNC_PART);
 }
 TGS_API CUresult CUDAAPI cuMemcpyDtoH_v2_ptds(void *dstHost, CUdeviceptr srcDevice, size_t ByteCount) {
-    return synced(REAL(cuMemcpyDtoH_v2_ptds)(dstHost, srcDevice, ByteCount), 1);
+    return synced(REAL(cuMemcpyDtoH_v2_ptds)(dstHost, srcDevice, ByteCount), SYNC_PART);
 }
 TGS_API CUresult CUDAAPI cuStreamSynchronize_ptsz(CUstream hStream) {
-    return synced(REAL(cuStreamSynchronize_ptsz)(hStream), 1);
+    return synced(REAL(cuStreamSynchronize_ptsz)(hStream), SYNC_PART);
 }
-TGS_API CUresult CUDAAPI cuEventSynchronize(CUevent hEvent) { return synced(REAL(cuEventSynchronize)(hEvent), 1); }
-TGS_API CUresult CUDAAPI cuCtxSynchronize(void) { return synced(REAL(cuCtxSynchronize)(), 1); }
+TGS_API CUresult CUDAAPI cuEventSynchronize(CUevent hEvent) { return synced(REAL(cuEventSynchronize)(hEvent), SYNC_PART); }
+TGS_API CUresult CUDAAPI cuCtxSynchronize(void) { return synced(REAL(cuCtxSynchronize)(), SYNC_CONTEXT); }
 TGS_API CUresult CUDAAPI cuCtxSynchronize_v2(CUcontext ctx) {
     CUcontext cur = NULL;
     if (ctx && real_cuCtxGetCurrent)
         REAL(cuCtxGetCurrent)(&cur);
-    return synced(REAL(cuCtxSynchronize_v2)(ctx), !ctx || ctx == cur);
+    return synced(REAL(cuCtxSynchronize_v2)(ctx), !ctx || ctx == cur ? SYNC_CONTEXT : SYNC_ELSEWHERE);
 }
 
 /* ---------- contexts that end: what the shim cached for them goes ---------- */

@@ -24,6 +24,13 @@
  *                                  iteration's, done, while the launch is under way), then 20 ms on
  *                                  the CPU; print iterations/s (with SIMGPU_FAULT=slow-launch, the
  *                                  poller finds every stream drained in the middle of each launch)
+ *   shim_checks sidestream S       for S seconds: two threads, each synchronising its own stream:
+ *                                  one runs a 15 ms kernel then 25 ms on the CPU, the other every
+ *                                  4 ms synchronises its stream, which has no work (as a thread
+ *                                  whose input upload is done: simgpu runs copies in the context's
+ *                                  order, a GPU on its copy engines), so its synchronisations
+ *                                  return while the first's kernel runs; print the first's
+ *                                  iterations/s
  *   shim_checks contexts N         N rounds of kernels in each of two contexts of GPU 0, then the
  *                                  same after destroying and making them again; print the heap
  *                                  bytes (mallinfo2) the rounds left in use
@@ -422,6 +429,44 @@ static void check_pollthread(double seconds) {
     pthread_join(t, NULL);
 }
 
+struct stream_worker {
+    CUcontext ctx;
+    unsigned long long kernel_ns; /* 0: nothing on its stream */
+    useconds_t host_us;
+    double seconds;
+    int iterations;
+};
+
+static void *stream_work(void *arg) {
+    struct stream_worker *w = arg;
+    OK(cuCtxSetCurrent(w->ctx));
+    CUstream s;
+    OK(cuStreamCreate(&s, CU_STREAM_NON_BLOCKING));
+    double start = now_s();
+    while (now_s() - start < w->seconds) {
+        if (w->kernel_ns)
+            OK(spin(s, w->kernel_ns));
+        OK(cuStreamSynchronize(s));
+        usleep(w->host_us);
+        w->iterations++;
+    }
+    return NULL;
+}
+
+static void check_sidestream(double seconds) {
+    setup();
+    CUcontext ctx;
+    OK(cuCtxGetCurrent(&ctx));
+    struct stream_worker w[2] = {{ctx, 15000000, 25000, seconds, 0}, {ctx, 0, 4000, seconds, 0}};
+    pthread_t t[2];
+    for (int i = 0; i < 2; i++)
+        if (pthread_create(&t[i], NULL, stream_work, &w[i]))
+            die("pthread_create failed");
+    for (int i = 0; i < 2; i++)
+        pthread_join(t[i], NULL);
+    printf("{\"iterations_per_s\": %.1f}\n", w[0].iterations / seconds);
+}
+
 int main(int argc, char **argv) {
     if (argc < 2)
         return 2;
@@ -442,6 +487,7 @@ int main(int argc, char **argv) {
     else if (!strcmp(c, "copyloop")) check_copyloop(a);
     else if (!strcmp(c, "pollloop")) check_pollloop(a);
     else if (!strcmp(c, "pollthread")) check_pollthread(a);
+    else if (!strcmp(c, "sidestream")) check_sidestream(a);
     else return 2;
     return 0;
 }

@@ -3,10 +3,11 @@
  * Cost unit: one thread block. Production launches are counted (relaxed atomic adds in
  * the control block) and mark the GPU's production activity byte busy until it is found
  * idle (a synchronisation or query after which its streams have no work: docs/shim.md).
- * Opportunistic launches wait while production has unfinished work on the GPU, keep at most `inflight_max` kernels' worth of work in flight (tracked
- * with events; a kernel shorter than TGS_INFLIGHT_QUANTUM_NS counts as the part of it it
- * runs), and spend tokens from the container's shared bucket (GCRA: one CAS on the control
- * block). Work launched on a capturing stream is neither counted nor throttled; a graph
+ * Opportunistic launches wait while production has unfinished work on the GPU, keep at
+ * most `inflight_max` kernels' worth of work in flight (tracked with events; a kernel
+ * shorter than TGS_INFLIGHT_QUANTUM_NS counts as the part of it it runs), and spend
+ * tokens from the container's shared bucket (GCRA: one CAS on the control block). Work
+ * launched on a capturing stream is neither counted nor throttled; a graph
  * launch costs the thread blocks of its kernel nodes, counted at instantiate. Only the
  * launching thread ever waits, by sleeping; while tokens remain no system call is made.
  *
@@ -1215,7 +1216,7 @@ TGS_API CUresult CUDAAPI cuStreamEndCapture_ptsz(CUstream hStream, CUgraph *phGr
     return capture_ended(REAL(cuStreamEndCapture_ptsz)(hStream, phGraph));
 }
 
-/* ---------- synchronisation: production is idle once it completes ---------- */
+/* ---------- synchronisations and queries: production found idle ---------- */
 
 /* What the process launched on `g` is done: a completed synchronisation, or a query that
  * found every stream drained. */
@@ -1246,7 +1247,8 @@ static CUresult synced(CUresult r, enum sync_scope scope) {
     struct tgs_gpu *g = tgs_current_gpu_in(&ctx);
     if (!g)
         return r;
-    if (scope == SYNC_PART && g_tgs.cls == TGS_CLASS_PRODUCTION && streams_state(g, ctx) == STREAMS_BUSY)
+    if (scope == SYNC_PART && g_tgs.cls == TGS_CLASS_PRODUCTION && __atomic_load_n(&g->busy_marked, __ATOMIC_RELAXED) &&
+        streams_state(g, ctx) == STREAMS_BUSY)
         return r;
     work_done(g);
     return r;

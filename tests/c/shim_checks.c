@@ -19,6 +19,9 @@
  *                                  done, as its event manager frees memory in mid-iteration), the result
  *                                  copied on a second stream behind them, that copy's event polled
  *                                  until done; then 10 ms on the CPU; print iterations/s
+ *   shim_checks pollfresh S        as pollloop, but each iteration on a stream of its own: ten
+ *                                  1 ms kernels on a stream made for it, its event polled until
+ *                                  done, the stream destroyed, then 10 ms on the CPU
  *   shim_checks pollthread S       for S seconds: iterations of one 20 ms kernel, waited for by
  *                                  another thread that polls events all along (the last
  *                                  iteration's, done, while the launch is under way), then 20 ms on
@@ -379,6 +382,26 @@ static void check_pollloop(double seconds) {
     iterate(seconds, pollloop_one);
 }
 
+static CUevent g_fresh_done;
+
+static void pollfresh_one(int n) {
+    (void)n;
+    CUstream s;
+    OK(cuStreamCreate(&s, CU_STREAM_NON_BLOCKING));
+    for (int k = 0; k < 10; k++)
+        OK(spin(s, 1000000));
+    OK(cuEventRecord(g_fresh_done, s));
+    poll_until_done(g_fresh_done);
+    OK(cuStreamDestroy(s));
+    usleep(10000);
+}
+
+static void check_pollfresh(double seconds) {
+    setup();
+    OK(cuEventCreate(&g_fresh_done, CU_EVENT_DISABLE_TIMING));
+    iterate(seconds, pollfresh_one);
+}
+
 static struct {
     CUcontext ctx;
     CUstream compute;
@@ -486,6 +509,7 @@ int main(int argc, char **argv) {
     else if (!strcmp(c, "ipc")) check_ipc();
     else if (!strcmp(c, "copyloop")) check_copyloop(a);
     else if (!strcmp(c, "pollloop")) check_pollloop(a);
+    else if (!strcmp(c, "pollfresh")) check_pollfresh(a);
     else if (!strcmp(c, "pollthread")) check_pollthread(a);
     else if (!strcmp(c, "sidestream")) check_sidestream(a);
     else return 2;

@@ -374,6 +374,20 @@ def test_graphs_count_their_kernel_nodes_and_capture_counts_nothing(simgpu, cont
     assert ctr["syncs"] >= 1
 
 
+def test_production_polling_an_event_while_it_captures_a_graph_keeps_its_capture(simgpu, container, libshim,
+                                                                                c_programs):
+    """A production job polls an event on one stream while another of its streams captures
+    a graph. The shim, asking production's streams whether their work is done, must not
+    ask the capturing one: that invalidates the capture (simgpu does as CUDA does), and the
+    job's cuStreamEndCapture would fail."""
+    c = container(proto.Class.PRODUCTION)
+    exe = c_programs("shim_checks.c", link_cuda=True)
+    proc = subprocess.run([str(exe), "capturequery"], env=simgpu.env("capq", c.env(libshim.shim)),
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert counters(c)["launches"] == 4, "two launches outside the capture, and the graph's two kernel nodes"
+
+
 def test_stale_heartbeat_slides_opportunistic_work_to_the_floor(simgpu, container, libshim):
     c = container(proto.Class.OPPORTUNISTIC, serve=False, heartbeat=False)
     c.control.set_budget(0, rate=proto.RATE_UNLIMITED, floor=BLOCKS * 50, burst=BLOCKS)

@@ -729,13 +729,20 @@ SIM_API CUresult CUDAAPI cuStreamDestroy_v2(CUstream hStream) {
 }
 SIM_API CUresult CUDAAPI cuStreamDestroy(CUstream hStream) { return cuStreamDestroy_v2(hStream); }
 
+/* Asking whether a capturing stream's work is done is not permitted, and invalidates the
+ * capture, as CUDA does: its cuStreamEndCapture then fails. */
+static CUresult capture_broken(struct sim_stream *s) {
+    s->capture_invalid = 1;
+    return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
+}
+
 static CUresult stream_sync(CUstream hStream) {
     struct sim_stream *s;
     CUresult r = drv_stream(hStream, &s);
     if (r)
         return r;
     if (s->capture)
-        return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
+        return capture_broken(s);
     eng_wait(drv_device(s->ctx), s->ctx->slot, s->ctx->gen, s->last_head);
     return CUDA_SUCCESS;
 }
@@ -748,7 +755,7 @@ static CUresult stream_query(CUstream hStream) {
     if (r)
         return r;
     if (s->capture)
-        return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
+        return capture_broken(s);
     return eng_done(drv_device(s->ctx), s->ctx->slot, s->ctx->gen, s->last_head) ? CUDA_SUCCESS
                                                                                  : CUDA_ERROR_NOT_READY;
 }
@@ -1317,6 +1324,8 @@ static CUresult launch(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsi
     struct sim_launch L = {.fn = fn, .grid = {gx, gy, gz}, .block = {bx, by, bz}, .shmem = shmem};
     if ((r = pack_params(fn, params, extra, L.params)) != CUDA_SUCCESS)
         return r;
+    if (s->capture && s->capture_invalid)
+        return CUDA_ERROR_STREAM_CAPTURE_INVALIDATED;
     if (s->capture)
         return graph_add(s->capture, &L) ? CUDA_SUCCESS : CUDA_ERROR_OUT_OF_MEMORY;
     if (g_sim.fault_slow_launch)
@@ -1420,6 +1429,7 @@ static CUresult begin_capture(CUstream hStream, CUstreamCaptureMode mode) {
     if (!s->capture)
         return CUDA_ERROR_OUT_OF_MEMORY;
     s->capture_mode = mode;
+    s->capture_invalid = 0;
     s->capture_id = __atomic_add_fetch(&g_capture_ids, 1, __ATOMIC_RELAXED);
     return CUDA_SUCCESS;
 }
@@ -1447,6 +1457,11 @@ static CUresult end_capture(CUstream hStream, CUgraph *phGraph) {
         return CUDA_ERROR_ILLEGAL_STATE;
     *phGraph = (CUgraph)s->capture;
     s->capture = NULL;
+    if (s->capture_invalid) {
+        cuGraphDestroy(*phGraph);
+        *phGraph = NULL;
+        return CUDA_ERROR_STREAM_CAPTURE_INVALIDATED;
+    }
     return CUDA_SUCCESS;
 }
 SIM_API CUresult CUDAAPI cuStreamEndCapture(CUstream hStream, CUgraph *phGraph) { return end_capture(hStream, phGraph); }
@@ -1461,7 +1476,9 @@ static CUresult is_capturing(CUstream hStream, CUstreamCaptureStatus *status) {
         return r;
     if (!status)
         return CUDA_ERROR_INVALID_VALUE;
-    *status = s->capture ? CU_STREAM_CAPTURE_STATUS_ACTIVE : CU_STREAM_CAPTURE_STATUS_NONE;
+    *status = !s->capture          ? CU_STREAM_CAPTURE_STATUS_NONE
+              : s->capture_invalid ? CU_STREAM_CAPTURE_STATUS_INVALIDATED
+                                   : CU_STREAM_CAPTURE_STATUS_ACTIVE;
     return CUDA_SUCCESS;
 }
 SIM_API CUresult CUDAAPI cuStreamIsCapturing(CUstream hStream, CUstreamCaptureStatus *captureStatus) {
@@ -1479,7 +1496,9 @@ static CUresult capture_info(CUstream hStream, CUstreamCaptureStatus *status, cu
         return r;
     if (!status)
         return CUDA_ERROR_INVALID_VALUE;
-    *status = s->capture ? CU_STREAM_CAPTURE_STATUS_ACTIVE : CU_STREAM_CAPTURE_STATUS_NONE;
+    *status = !s->capture          ? CU_STREAM_CAPTURE_STATUS_NONE
+              : s->capture_invalid ? CU_STREAM_CAPTURE_STATUS_INVALIDATED
+                                   : CU_STREAM_CAPTURE_STATUS_ACTIVE;
     if (id && s->capture)
         *id = s->capture_id;
     if (graph)

@@ -26,6 +26,7 @@ struct sim_stream {
     struct sim_graph *capture; /* non-NULL while capturing */
     CUstreamCaptureMode capture_mode;
     unsigned long long capture_id;
+    int capture_invalid; /* a query or synchronisation of the capturing stream invalidated it */
 };
 
 struct sim_context {

@@ -169,8 +169,9 @@ static int production_busy(const struct tgs_gpu *g) {
  * the set is the GPU's, under one lock, taken only to note a new stream and to ask. What
  * cannot be asked (more than TGS_STREAMS streams; a stream of another context, or the
  * per-thread default stream of another thread; the set after a context was destroyed,
- * until its next launches note theirs again) is unknown: done to a synchronisation, busy
- * to a query. */
+ * until its next launches note theirs again; all of them while the process captures a
+ * graph, as asking a capturing stream, or the legacy stream beside one, would invalidate
+ * the capture) is unknown: done to a synchronisation, busy to a query. */
 static pthread_mutex_t g_streams_lock = PTHREAD_MUTEX_INITIALIZER;
 static unsigned g_streams_dropped; /* streams destroyed: a thread notes its stream again */
 /* The streams a thread noted last (most recent first), as of one epoch: a thread that
@@ -246,6 +247,8 @@ enum streams_state {
 };
 
 static enum streams_state streams_state(struct tgs_gpu *g, CUcontext ctx) {
+    if (__atomic_load_n(&g_tgs.captures, __ATOMIC_RELAXED))
+        return STREAMS_UNKNOWN; /* asking a capturing stream would invalidate its capture */
     pthread_t self = pthread_self();
     enum streams_state st = STREAMS_DRAINED;
     pthread_mutex_lock(&g_streams_lock);

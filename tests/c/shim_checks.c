@@ -5,6 +5,9 @@
  *   shim_checks meminfo            print cuMemGetInfo and cuDeviceTotalMem as JSON
  *   shim_checks vmm MB             cuMemCreate MB and hold it 1 s
  *   shim_checks graph N            instantiate a 3-kernel graph, launch it N times
+ *   shim_checks capturequery       a kernel on one stream, its event polled until done while a
+ *                                  second stream, launched on before, captures a graph (relaxed
+ *                                  mode); the capture must still end, and its graph run
  *   shim_checks capture N          launch N kernels on a capturing stream, then the graph once
  *   shim_checks threads T S        T threads launching 1 ms kernels for S seconds; print kernels/s
  *   shim_checks fork               fork while another thread launches; both sides go on
@@ -200,6 +203,32 @@ static void check_capture(int n) {
     CUgraph g;
     OK(cuStreamEndCapture(s, &g));
     printf("{\"captured\": %d}\n", n);
+}
+
+static void poll_until_done(CUevent e);
+
+static void check_capturequery(void) {
+    setup();
+    CUstream y, x;
+    OK(cuStreamCreate(&y, CU_STREAM_NON_BLOCKING));
+    OK(cuStreamCreate(&x, CU_STREAM_NON_BLOCKING));
+    CUevent ev;
+    OK(cuEventCreate(&ev, CU_EVENT_DISABLE_TIMING));
+    OK(spin(x, 1000));
+    OK(cuStreamSynchronize(x));
+    OK(spin(y, 2000000));
+    OK(cuEventRecord(ev, y));
+    OK(cuStreamBeginCapture(x, CU_STREAM_CAPTURE_MODE_RELAXED));
+    OK(spin(x, 100000));
+    poll_until_done(ev);
+    OK(spin(x, 100000));
+    CUgraph g;
+    OK(cuStreamEndCapture(x, &g));
+    CUgraphExec ge;
+    OK(cuGraphInstantiate(&ge, g, 0));
+    OK(cuGraphLaunch(ge, x));
+    OK(cuStreamSynchronize(x));
+    printf("{\"captured\": 2}\n");
 }
 
 struct worker {
@@ -509,6 +538,7 @@ int main(int argc, char **argv) {
     else if (!strcmp(c, "ipc")) check_ipc();
     else if (!strcmp(c, "copyloop")) check_copyloop(a);
     else if (!strcmp(c, "pollloop")) check_pollloop(a);
+    else if (!strcmp(c, "capturequery")) check_capturequery();
     else if (!strcmp(c, "pollfresh")) check_pollfresh(a);
     else if (!strcmp(c, "pollthread")) check_pollthread(a);
     else if (!strcmp(c, "sidestream")) check_sidestream(a);

@@ -46,14 +46,16 @@ static volatile struct tgs_expectation *own_expectation(struct tgs_gpu *g, uint3
     return g->expect && slot < TGS_EXPECT_SLOTS ? &g->expect[slot] : NULL;
 }
 
-/* The launch after an idle spell: remember how long the spell was, and withdraw the
- * expectation it raised (the GPU's gate now holds opportunistic work back). */
-static void note_gap(struct tgs_gpu *g, uint32_t slot, uint64_t now) {
+/* The launch after an idle spell: remember how long the spell was (where it `happened`),
+ * and withdraw the expectation it raised (the GPU's gate now holds opportunistic work
+ * back). */
+static void note_gap(struct tgs_gpu *g, uint32_t slot, uint64_t now, int happened) {
     uint64_t idle = g->idle_ns;
     if (!idle)
         return;
     g->idle_ns = 0;
-    g->gaps[g->ngaps++ % TGS_GAPS] = now - idle;
+    if (happened)
+        g->gaps[g->ngaps++ % TGS_GAPS] = now - idle;
     volatile struct tgs_expectation *e = own_expectation(g, slot);
     if (e)
         __atomic_store_n(&e->due_until_ns, 0, __ATOMIC_RELAXED);
@@ -90,18 +92,22 @@ static void expect_next(struct tgs_gpu *g, uint64_t now) {
         ;
 }
 
-/* The first launch since production went idle (once per iteration: out of line). */
-__attribute__((noinline)) static void mark_busy_now(struct tgs_gpu *g) {
+/* Production busy from now. `iteration`: it starts one, after an idle spell. */
+static inline void set_busy(struct tgs_gpu *g, int iteration) {
     uint32_t slot = __atomic_load_n(&g_tgs.activity_slot, __ATOMIC_RELAXED);
-    if (slot >= TGS_ACTIVITY_SLOTS)
+    if (slot >= TGS_ACTIVITY_SLOTS || !g->activity_rw)
         return;
     g->activity_rw[slot] = 1;
     uint64_t now = tgs_now();
     g->busy_since_ns = now;
     __atomic_store_n(&g->busy_marked, 1, __ATOMIC_RELAXED);
-    mark_iteration(g, now);
-    note_gap(g, slot, now);
+    if (iteration)
+        mark_iteration(g, now);
+    note_gap(g, slot, now, iteration);
 }
+
+/* The first launch since production went idle (once per iteration: out of line). */
+__attribute__((noinline)) static void mark_busy_now(struct tgs_gpu *g) { set_busy(g, 1); }
 
 static inline void mark_busy(struct tgs_gpu *g) {
     if (likely(__atomic_load_n(&g->busy_marked, __ATOMIC_RELAXED)) || !g->activity_rw)
@@ -113,18 +119,7 @@ static inline void mark_busy(struct tgs_gpu *g) {
  * before the kernel reached one; a TensorFlow poller beside the launching thread meets
  * this whenever the GPU has caught up): busy again, as that launch had marked it. Not an
  * iteration start, and no gap: the idle spell did not happen. */
-__attribute__((noinline)) static void mark_busy_again(struct tgs_gpu *g) {
-    uint32_t slot = __atomic_load_n(&g_tgs.activity_slot, __ATOMIC_RELAXED);
-    if (slot >= TGS_ACTIVITY_SLOTS || !g->activity_rw)
-        return;
-    g->activity_rw[slot] = 1;
-    g->busy_since_ns = tgs_now();
-    __atomic_store_n(&g->busy_marked, 1, __ATOMIC_RELAXED);
-    g->idle_ns = 0;
-    volatile struct tgs_expectation *e = own_expectation(g, slot);
-    if (e)
-        __atomic_store_n(&e->due_until_ns, 0, __ATOMIC_RELAXED);
-}
+__attribute__((noinline)) static void mark_busy_again(struct tgs_gpu *g) { set_busy(g, 0); }
 
 /* Production's work is done (found idle: work_done, below; or the process leaves TGS):
  * its byte is cleared and the time it was set is counted (busy_ns). Returns when (0: it

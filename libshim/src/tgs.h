@@ -65,7 +65,7 @@ enum tgs_drain { /* an opportunistic process's queued work, behind busy producti
     TGS_DRAIN_UNKNOWN = 3, /* no event could be recorded: taken as running */
     TGS_DRAIN_BUSY = 4,    /* a thread is recording or querying it */
 };
-#define TGS_STREAMS 32    /* production: streams launched on, per GPU, that a query checks */
+#define TGS_STREAMS 32    /* production: streams launched on, per GPU, asked whether their work is done */
 struct tgs_stream_seen {
     CUstream s;
     CUcontext ctx;    /* the context it was launched in (a default stream is that context's) */
@@ -95,7 +95,7 @@ struct tgs_gpu { /* one control-block GPU slot, as this process sees it */
     struct tgs_stream_seen streams[TGS_STREAMS]; /* production: the streams it launched on */
     unsigned nstreams;
     unsigned streams_gen;                  /* the context generation they were noted in */
-    int streams_full;                      /* more streams than that: no query proves it idle */
+    int streams_full;                      /* more streams than that: they cannot all be asked */
     pthread_mutex_t inflight_lock;         /* opportunistic: kernels in flight */
     CUevent ev[TGS_INFLIGHT_RING];
     CUcontext ev_ctx[TGS_INFLIGHT_RING];   /* the context each was made in, */

@@ -231,9 +231,15 @@ static void check_capturequery(void) {
     printf("{\"captured\": 2}\n");
 }
 
+/* A thread launching on a stream of its own, for `seconds`: a kernel of kernel_ns (none
+ * where 0), a synchronisation of its stream every sync_every of those, host_us on the CPU
+ * after each. */
 struct worker {
     double seconds;
-    long kernels;
+    unsigned long long kernel_ns;
+    long sync_every;
+    useconds_t host_us;
+    long iterations;
 };
 
 static void *launcher(void *arg) {
@@ -243,13 +249,21 @@ static void *launcher(void *arg) {
     OK(cuStreamCreate(&s, CU_STREAM_NON_BLOCKING));
     double end = now_s() + w->seconds;
     while (now_s() < end) {
-        OK(spin(s, 1000000));
-        w->kernels++;
-        if (w->kernels % 4 == 0)
+        if (w->kernel_ns)
+            OK(spin(s, w->kernel_ns));
+        w->iterations++;
+        if (w->iterations % w->sync_every == 0)
             OK(cuStreamSynchronize(s));
+        if (w->host_us)
+            usleep(w->host_us);
     }
     OK(cuStreamSynchronize(s));
     return NULL;
+}
+
+/* A thread of check_threads: 1 ms kernels, its stream synchronised every fourth. */
+static struct worker busy_launcher(double seconds) {
+    return (struct worker){.seconds = seconds, .kernel_ns = 1000000, .sync_every = 4};
 }
 
 static void check_threads(int n, double seconds) {
@@ -258,20 +272,20 @@ static void check_threads(int n, double seconds) {
     struct worker w[64];
     double start = now_s();
     for (int i = 0; i < n; i++) {
-        w[i] = (struct worker){seconds, 0};
+        w[i] = busy_launcher(seconds);
         pthread_create(&t[i], NULL, launcher, &w[i]);
     }
     long total = 0;
     for (int i = 0; i < n; i++) {
         pthread_join(t[i], NULL);
-        total += w[i].kernels;
+        total += w[i].iterations;
     }
     printf("{\"threads\": %d, \"kernels\": %ld, \"kernels_per_s\": %.2f}\n", n, total, (double)total / (now_s() - start));
 }
 
 static void check_fork(void) {
     setup();
-    struct worker w = {1.0, 0};
+    struct worker w = busy_launcher(1.0);
     pthread_t t;
     pthread_create(&t, NULL, launcher, &w);
     usleep(200000);
@@ -290,7 +304,7 @@ static void check_fork(void) {
     pthread_join(t, NULL);
     OK(spin(NULL, 1000));
     OK(cuCtxSynchronize());
-    printf("{\"parent_kernels\": %ld, \"child_exit\": %d}\n", w.kernels, WIFEXITED(status) ? WEXITSTATUS(status) : -1);
+    printf("{\"parent_kernels\": %ld, \"child_exit\": %d}\n", w.iterations, WIFEXITED(status) ? WEXITSTATUS(status) : -1);
 }
 
 static void check_hold(int mb, double seconds) {
@@ -432,7 +446,6 @@ static void check_pollfresh(double seconds) {
 }
 
 static struct {
-    CUcontext ctx;
     CUstream compute;
     CUevent ev[2];   /* recorded by turns, one per iteration */
     CUevent watched; /* the event the poller polls */
@@ -442,7 +455,7 @@ static struct {
 
 static void *poller(void *arg) {
     (void)arg;
-    OK(cuCtxSetCurrent(g_poll.ctx));
+    OK(cuCtxSetCurrent(g_ctx));
     while (!__atomic_load_n(&g_poll.stop, __ATOMIC_ACQUIRE)) {
         CUevent e = __atomic_load_n(&g_poll.watched, __ATOMIC_ACQUIRE);
         CUresult r = cuEventQuery(e);
@@ -467,7 +480,6 @@ static void pollthread_one(int n) {
 
 static void check_pollthread(double seconds) {
     setup();
-    OK(cuCtxGetCurrent(&g_poll.ctx));
     OK(cuStreamCreate(&g_poll.compute, CU_STREAM_NON_BLOCKING));
     for (int i = 0; i < 2; i++)
         OK(cuEventCreate(&g_poll.ev[i], CU_EVENT_DISABLE_TIMING));
@@ -481,42 +493,17 @@ static void check_pollthread(double seconds) {
     pthread_join(t, NULL);
 }
 
-struct stream_worker {
-    CUcontext ctx;
-    unsigned long long kernel_ns; /* 0: nothing on its stream */
-    useconds_t host_us;
-    double seconds;
-    int iterations;
-};
-
-static void *stream_work(void *arg) {
-    struct stream_worker *w = arg;
-    OK(cuCtxSetCurrent(w->ctx));
-    CUstream s;
-    OK(cuStreamCreate(&s, CU_STREAM_NON_BLOCKING));
-    double start = now_s();
-    while (now_s() - start < w->seconds) {
-        if (w->kernel_ns)
-            OK(spin(s, w->kernel_ns));
-        OK(cuStreamSynchronize(s));
-        usleep(w->host_us);
-        w->iterations++;
-    }
-    return NULL;
-}
-
 static void check_sidestream(double seconds) {
     setup();
-    CUcontext ctx;
-    OK(cuCtxGetCurrent(&ctx));
-    struct stream_worker w[2] = {{ctx, 15000000, 25000, seconds, 0}, {ctx, 0, 4000, seconds, 0}};
+    struct worker w[2] = {{.seconds = seconds, .kernel_ns = 15000000, .sync_every = 1, .host_us = 25000},
+                          {.seconds = seconds, .sync_every = 1, .host_us = 4000}};
     pthread_t t[2];
     for (int i = 0; i < 2; i++)
-        if (pthread_create(&t[i], NULL, stream_work, &w[i]))
+        if (pthread_create(&t[i], NULL, launcher, &w[i]))
             die("pthread_create failed");
     for (int i = 0; i < 2; i++)
         pthread_join(t[i], NULL);
-    printf("{\"iterations_per_s\": %.1f}\n", w[0].iterations / seconds);
+    printf("{\"iterations_per_s\": %.1f}\n", (double)w[0].iterations / seconds);
 }
 
 int main(int argc, char **argv) {

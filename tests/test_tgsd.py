@@ -116,15 +116,16 @@ def test_a_production_job_stopped_mid_iteration_leaves_the_gpu_to_opportunistic_
     d.wait_event("production goes on: opportunistic work waits behind it again", timeout=1)
 
 
-@pytest.mark.parametrize("ending,fault", [("copyloop", ""), ("pollloop", ""), ("pollfresh", ""),
+@pytest.mark.parametrize("ending,fault", [("copyloop", ""), ("unifiedcopy", ""), ("pollloop", ""), ("pollfresh", ""),
                                           ("pollthread", "slow-launch"), ("sidestream", "")],
-                         ids=["a synchronous copy", "polled events", "polled events, a new stream each time",
+                         ids=["a synchronous copy", "a synchronous unified copy", "polled events", "polled events, a new stream each time",
                               "a poller thread beside slow launches", "a thread synchronising its own stream"])
 def test_production_keeps_its_engine_and_leaves_its_idle_time_however_it_waits(ending, fault, simgpu, tgsd,
                                                                                     libshim, c_programs):
     """A production job whose iterations end with no stream, context or event
     synchronisation is idle after each: one that copies its result to the host
-    synchronously (the CUDA runtime's cudaMemcpy), and one that polls events until its work
+    synchronously (the CUDA runtime's cudaMemcpy, by cuMemcpyDtoH or by the unified
+    cuMemcpy), and one that polls events until its work
     is done (TensorFlow's way, which also polls events in mid-iteration, when its work is
     not done; and, as a job that makes a stream for each step and destroys it, on streams
     that come and go; and from a thread of its own, which finds the GPU idle while the launching

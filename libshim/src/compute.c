@@ -1253,7 +1253,8 @@ static CUresult synced(CUresult r, enum sync_scope scope) {
 }
 
 /* A query that succeeded, in a busy production process: idle if every stream it launched
- * on is drained, and it launched nothing meanwhile. A launch under way when the streams
+ * on is drained, and it launched nothing meanwhile. (So is a unified copy: it may or may
+ * not have waited, and the streams say which.) A launch under way when the streams
  * were asked (its kernel not yet on a stream) finds production idle when it has been
  * counted, and marks it busy again (launch_end); only a launch counted between the
  * second reading of the count here and the byte's clearing, a few instructions, can
@@ -1287,13 +1288,22 @@ TGS_API CUresult CUDAAPI cuStreamDestroy_v2(CUstream hStream) {
 TGS_API CUresult CUDAAPI cuStreamSynchronize(CUstream hStream) { return synced(REAL(cuStreamSynchronize)(hStream), SYNC_PART); }
 /* A synchronous copy to the host returns once the work queued before it on its stream is
  * done: a completed synchronisation, for programs that end their iterations with one
- * instead of a stream or context synchronisation. (The unified cuMemcpy is not taken as
- * one: towards the device it may return before the work is done.) */
+ * instead of a stream or context synchronisation. */
 TGS_API CUresult CUDAAPI cuMemcpyDtoH_v2(void *dstHost, CUdeviceptr srcDevice, size_t ByteCount) {
     return synced(REAL(cuMemcpyDtoH_v2)(dstHost, srcDevice, ByteCount), SYNC_PART);
 }
 TGS_API CUresult CUDAAPI cuMemcpyDtoH_v2_ptds(void *dstHost, CUdeviceptr srcDevice, size_t ByteCount) {
     return synced(REAL(cuMemcpyDtoH_v2_ptds)(dstHost, srcDevice, ByteCount), SYNC_PART);
+}
+/* The unified synchronous copy (cudaMemcpy may make its copies to the host with it) waits
+ * for its stream's work only where it copies to the host: between device buffers it may
+ * return before that work is done. Not a synchronisation, then, but a question: production
+ * is idle after it where every stream it launched on is drained (as after a query). */
+TGS_API CUresult CUDAAPI cuMemcpy(CUdeviceptr dst, CUdeviceptr src, size_t ByteCount) {
+    return queried(REAL(cuMemcpy)(dst, src, ByteCount));
+}
+TGS_API CUresult CUDAAPI cuMemcpy_ptds(CUdeviceptr dst, CUdeviceptr src, size_t ByteCount) {
+    return queried(REAL(cuMemcpy_ptds)(dst, src, ByteCount));
 }
 TGS_API CUresult CUDAAPI cuStreamSynchronize_ptsz(CUstream hStream) {
     return synced(REAL(cuStreamSynchronize_ptsz)(hStream), SYNC_PART);

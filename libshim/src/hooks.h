@@ -22,7 +22,7 @@
     X(cuStreamSynchronize) X(cuStreamSynchronize_ptsz) X(cuCtxSynchronize)                   \
     X(cuCtxSynchronize_v2) X(cuEventSynchronize) X(cuMemcpyDtoH_v2) X(cuMemcpyDtoH_v2_ptds)   \
     X(cuEventQuery) X(cuStreamQuery) X(cuStreamQuery_ptsz) X(cuStreamDestroy)                \
-    X(cuStreamDestroy_v2) X(cuCtxDestroy_v2)                                                 \
+    X(cuStreamDestroy_v2) X(cuCtxDestroy_v2) X(cuMemcpy) X(cuMemcpy_ptds)                    \
     X(cuDevicePrimaryCtxRelease_v2) X(cuDevicePrimaryCtxReset_v2)                            \
     /* memory (memory.c) */                                                                 \
     X(cuMemAlloc_v2) X(cuMemAllocPitch_v2) X(cuMemAllocManaged) X(cuMemFree_v2)             \

@@ -16,6 +16,8 @@
  *   shim_checks copyloop S         for S seconds: iterations of ten 1 ms kernels ended by a
  *                                  synchronous cuMemcpyDtoH (no other synchronisation), then
  *                                  10 ms on the CPU; print iterations/s
+ *   shim_checks unifiedcopy S      as copyloop, the copy made by the unified cuMemcpy (a host
+ *                                  pointer as its destination), which cudart may use instead
  *   shim_checks pollloop S         for S seconds: iterations as TensorFlow runs them, waited for by
  *                                  polling events and never synchronised: a 1 ms kernel on one
  *                                  stream, then nine on another (the first's event is polled until
@@ -367,19 +369,24 @@ static void iterate(double seconds, void (*one)(int n)) {
 }
 
 static CUdeviceptr g_result; /* 4 bytes an iteration copies to the host */
+static int g_copy_unified;    /* ... by cuMemcpy, not cuMemcpyDtoH */
 
 static void copyloop_one(int n) {
     (void)n;
     unsigned x;
     for (int k = 0; k < 10; k++)
         OK(spin(NULL, 1000000));
-    OK(cuMemcpyDtoH(&x, g_result, sizeof x));
+    if (g_copy_unified)
+        OK(cuMemcpy((CUdeviceptr)(uintptr_t)&x, g_result, sizeof x));
+    else
+        OK(cuMemcpyDtoH(&x, g_result, sizeof x));
     usleep(10000);
 }
 
-static void check_copyloop(double seconds) {
+static void check_copyloop(double seconds, int unified) {
     setup();
     OK(cuMemAlloc(&g_result, 4));
+    g_copy_unified = unified;
     iterate(seconds, copyloop_one);
 }
 
@@ -523,7 +530,8 @@ int main(int argc, char **argv) {
     else if (!strcmp(c, "hold")) check_hold(a, b);
     else if (!strcmp(c, "contexts")) check_contexts(a);
     else if (!strcmp(c, "ipc")) check_ipc();
-    else if (!strcmp(c, "copyloop")) check_copyloop(a);
+    else if (!strcmp(c, "copyloop")) check_copyloop(a, 0);
+    else if (!strcmp(c, "unifiedcopy")) check_copyloop(a, 1);
     else if (!strcmp(c, "pollloop")) check_pollloop(a);
     else if (!strcmp(c, "capturequery")) check_capturequery();
     else if (!strcmp(c, "pollfresh")) check_pollfresh(a);

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import time
 
+import pytest
+
 from tgs_runtime import sim
 from tgs_runtime.workload import Workload
 
@@ -63,10 +65,16 @@ def test_device_oom_fails_cleanly_and_disturbs_no_one(simgpu):
     assert dev["memory_used"] == 0
 
 
-def test_managed_memory_oversubscribes_and_migrates(simgpu):
+# simgpu moves a managed page's memory from one copy to the other (mremap); copy-pages: it
+# copies the bytes, as on a kernel that cannot move them
+MOVES = pytest.mark.parametrize("fault", ["", "copy-pages"], ids=["pages moved", "pages copied"])
+
+
+@MOVES
+def test_managed_memory_oversubscribes_and_migrates(simgpu, fault):
     simgpu.memory = "512M"
     w = Workload(kernel_us=100, kernels=4, seconds=2, param_mb=400, act_mb=300, managed=True, verify=True, report_s=0.5)
-    p = simgpu.run(w, "over")
+    p = simgpu.run(w, "over", extra_env={"SIMGPU_FAULT": fault})
     assert p.popen.returncode == 0, p.stderr
     s = p.summary()
     assert s.checksum_ok is True and s.iterations >= 2
@@ -92,11 +100,12 @@ def test_thrashing_between_processes_is_visible(simgpu):
     assert ra.iterations_per_s + rb.iterations_per_s < 0.8 * alone
 
 
-def test_a_lost_write_is_caught(simgpu):
+@MOVES
+def test_a_lost_write_is_caught(simgpu, fault):
     """If eviction dropped the device copy instead of writing it back, --verify says so."""
     simgpu.memory = "256M"
     w = Workload(kernel_us=100, kernels=4, seconds=1, param_mb=200, act_mb=100, managed=True, verify=True)
-    p = simgpu.run(w, "lossy", extra_env={"SIMGPU_FAULT": "drop-writeback"})
+    p = simgpu.run(w, "lossy", extra_env={"SIMGPU_FAULT": ",".join(filter(None, ["drop-writeback", fault]))})
     s = p.summary()
     assert s.checksum_ok is False and s.raw["bad_words"] > 0
     assert p.popen.returncode == 4

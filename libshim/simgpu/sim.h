@@ -29,7 +29,7 @@
 
 /* ---- constants of the shared state (documented in docs/simgpu.md) ---- */
 #define SIM_MAGIC 0x31305550474d4953ULL /* "SIMGPU01" */
-#define SIM_STATE_VERSION 2u
+#define SIM_STATE_VERSION 3u
 #define SIM_SLOW_LAUNCH_US 5000 /* SIMGPU_FAULT=slow-launch: what a launch call takes */
 #define SIM_MAX_DEVICES 8
 #define SIM_MAX_PROCS 256
@@ -86,7 +86,8 @@ struct sim_frame { /* one 2 MiB page of device memory holding a managed page */
     uint32_t ctx;       /* context slot charged for it */
     uint32_t gen;       /* bumped on every eviction, so the owner sees it */
     uint32_t preferred; /* owner's preferred location is this device: evict last */
-    uint64_t lru;
+    uint64_t resident;  /* stamp of the operation that brought the page in: the oldest is evicted */
+    uint64_t touched;   /* stamp of the operation that touched it last: not evicted for that one */
 };
 
 struct sim_device {
@@ -100,7 +101,7 @@ struct sim_device {
     uint64_t resident_pages; /* frames in use */
     uint32_t nframes, frame_hint;
     uint64_t frames_off; /* byte offset of struct sim_frame[nframes] in the state file */
-    uint64_t lru_clock;
+    uint64_t op_clock;
     /* engine */
     uint64_t sim_ns;      /* the timeline is settled up to here */
     int32_t cur, last;    /* context on the engine, context that ran last */
@@ -152,6 +153,7 @@ struct sim_global {
     int log_level;
     int fault_drop_writeback;
     int fault_slow_launch; /* each launch call takes SIM_SLOW_LAUNCH_US before its kernel is queued */
+    int fault_copy_pages;  /* managed pages are copied, as where the kernel cannot move them */
     /* CUDA_VISIBLE_DEVICES / SIMGPU_VISIBLE_DEVICES: ordinal -> state device */
     int nvisible;
     int visible[SIM_MAX_DEVICES];

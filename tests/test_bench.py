@@ -232,6 +232,24 @@ def test_oversubscription_s_multiple_of_co_execution_comes_from_the_rates_not_th
     assert summary["co-execution"]["failed"] == [] and rows[0][3] == "none"
 
 
+def test_oversubscription_takes_both_jobs_rates_while_both_ran():
+    """Production writes its memory before it iterates and the opportunistic job, started
+    first, ends first: on each job's own clock the window took in production alone at full
+    speed (co-execution read 11.2 it/s for a production job making 1.6 beside the other).
+    The rates come from the time both iterated, less its settling part."""
+    from bench.oversubscription import together
+
+    # opportunistic: 400 it/s alone until 3 s, 1.6 it/s while production iterates (4-16 s), ends at 16 s
+    opp = job_with([(0.5 * k, 200 * k) for k in range(1, 7)] + [(3.0 + 0.5 * k, 1200 + round(0.8 * k)) for k in range(1, 27)])
+    # production: iterates from 4 s (its set-up before), 1.6 it/s beside the other, 150 it/s alone after 16 s
+    prod = job_with([(4.0 + 0.5 * k, round(0.8 * k)) for k in range(1, 25)] + [(16.0 + 0.5 * k, 19 + 75 * k) for k in range(1, 5)])
+    span = together([prod, opp], 0.3)
+    assert span == pytest.approx((4.5 + 0.3 * 11.5, 16.0))
+    assert prod.rate_between(*span) == pytest.approx(1.6, abs=0.1)
+    assert opp.rate_between(*span) == pytest.approx(1.6, abs=0.1)
+    assert together([prod, job_with([(20.0, 5), (21.0, 10)])], 0.3) is None, "they never iterated together"
+
+
 def test_a_controller_trace_sums_up_only_its_window():
     def gpu(beside, rate, inflight, busy, gated, overlap):
         return {"controller": {"state": "run", "opportunistic_beside_production": beside, "rate_blocks_per_s": rate,

@@ -166,11 +166,11 @@ static void frame_release(struct sim_device *d, struct sim_frame *f) {
 }
 
 /* Takes the frame whose page became resident first, of those the current operation has
- * not touched; pages the owner prefers on this device go last. The order is the UVM
- * driver's: its eviction list is kept in the order chunks were made resident, not used
- * (uvm_pmm_gpu.c, pick_root_chunk_to_evict: "TODO: Bug 1765193: Move the chunks to the
- * tail of the used list whenever they get mapped"), so a page a job uses all the time is
- * evicted in its turn. Returns 0 or -1 when nothing can be evicted. */
+ * not touched. The order is the UVM driver's: its eviction list is kept in the order
+ * chunks were made resident, not used (uvm_pmm_gpu.c, pick_root_chunk_to_evict: "TODO: Bug
+ * 1765193: Move the chunks to the tail of the used list whenever they get mapped"), so a
+ * page a job uses all the time is evicted in its turn; nor does it look at where a page's
+ * owner prefers it. Returns 0 or -1 when nothing can be evicted. */
 static int evict_one(struct sim_device *d, uint64_t stamp) {
     struct sim_frame *fr = sim_frames(d);
     int64_t best = -1;
@@ -178,8 +178,7 @@ static int evict_one(struct sim_device *d, uint64_t stamp) {
         struct sim_frame *f = &fr[i];
         if (f->state != FRAME_USED || f->touched == stamp)
             continue;
-        if (best < 0 || f->preferred < fr[best].preferred ||
-            (f->preferred == fr[best].preferred && f->resident < fr[best].resident))
+        if (best < 0 || f->resident < fr[best].resident)
             best = i;
     }
     if (best < 0)
@@ -196,7 +195,7 @@ static uint64_t frames_free(struct sim_device *d) {
 }
 
 /* A frame for a page of context slot `ctx`; may evict (each eviction costs *cost). */
-static int frame_get(struct sim_device *d, uint32_t ctx, uint64_t stamp, int preferred, int64_t *cost) {
+static int frame_get(struct sim_device *d, uint32_t ctx, uint64_t stamp, int64_t *cost) {
     while (frames_free(d) == 0) {
         if (evict_one(d, stamp) < 0)
             return -1;
@@ -211,7 +210,6 @@ static int frame_get(struct sim_device *d, uint32_t ctx, uint64_t stamp, int pre
             fr[i].proc_gen = g_sim.my_gen;
             fr[i].ctx = ctx;
             fr[i].resident = fr[i].touched = stamp;
-            fr[i].preferred = (uint32_t)preferred;
             d->frame_hint = i + 1;
             d->resident_pages++;
             d->ctx[ctx].resident_pages++;
@@ -299,7 +297,7 @@ static int page_to_device(struct alloc *a, uint32_t i, int dev, uint32_t ctx, ui
         sim_frames(d)[pg->frame].touched = stamp;
         return 0;
     }
-    int fr = frame_get(d, ctx, stamp, pg->pref == PREF_DEV && pg->pref_dev == dev, cost);
+    int fr = frame_get(d, ctx, stamp, cost);
     if (fr < 0)
         return -1;
     struct sim_frame *f = &sim_frames(d)[fr];
@@ -799,13 +797,6 @@ CUresult mem_advise(CUdeviceptr p, size_t n, CUmem_advise advice, CUmemLocation 
         default:
             pthread_mutex_unlock(&g_mem_lock);
             return CUDA_ERROR_INVALID_VALUE;
-        }
-        if (pg->loc == LOC_DEV) { /* keep the frame's eviction preference in step */
-            struct sim_device *d = &g_sim.st->dev[pg->dev];
-            sim_lock_device(d);
-            if (page_valid_on_device(pg))
-                sim_frames(d)[pg->frame].preferred = pg->pref == PREF_DEV && pg->pref_dev == pg->dev;
-            sim_unlock_device(d);
         }
     }
     pthread_mutex_unlock(&g_mem_lock);

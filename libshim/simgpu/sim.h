@@ -29,7 +29,7 @@
 
 /* ---- constants of the shared state (documented in docs/simgpu.md) ---- */
 #define SIM_MAGIC 0x31305550474d4953ULL /* "SIMGPU01" */
-#define SIM_STATE_VERSION 3u
+#define SIM_STATE_VERSION 4u
 #define SIM_SLOW_LAUNCH_US 5000 /* SIMGPU_FAULT=slow-launch: what a launch call takes */
 #define SIM_MAX_DEVICES 8
 #define SIM_MAX_PROCS 256
@@ -85,7 +85,7 @@ struct sim_frame { /* one 2 MiB page of device memory holding a managed page */
     uint32_t proc, proc_gen;
     uint32_t ctx;       /* context slot charged for it */
     uint32_t gen;       /* bumped on every eviction, so the owner sees it */
-    uint32_t preferred; /* owner's preferred location is this device: evict last */
+    uint32_t pad;
     uint64_t resident;  /* stamp of the operation that brought the page in: the oldest is evicted */
     uint64_t touched;   /* stamp of the operation that touched it last: not evicted for that one */
 };

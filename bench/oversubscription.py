@@ -4,7 +4,7 @@ A production job (a third of each iteration busy) and a GPU-bound opportunistic 
 holding more than half of the GPU memory they share, with --verify (every kernel's
 touches are checked at the end). Settings, side by side in one run:
   exclusive       each alone, plain device memory (the reference throughputs)
-  co-execution    both on plain managed memory, no TGS: the driver's LRU decides (thrashing)
+  co-execution    both on plain managed memory, no TGS: the driver's eviction decides (thrashing)
   advice only     TGS with `[memory] orders = false`: allocations become managed memory with
                   the class's advice, nothing is moved explicitly (the original TGS code's way)
   TGS             TGS as shipped: tgsd orders opportunistic memory to the host and back
@@ -13,7 +13,7 @@ Targets: production >= 0.95 with TGS; opportunistic >= 10x co-execution's where
 co-execution thrashes.
 
 On a real GPU only the TGS setting runs, under a tgsd budget far below the card's memory:
-the driver's LRU thrashes only past the card's own memory, which these runs never ask for."""
+the driver thrashes only past the card's own memory, which these runs never ask for."""
 from __future__ import annotations
 
 import time

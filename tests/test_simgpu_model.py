@@ -85,7 +85,7 @@ def test_managed_memory_oversubscribes_and_migrates(simgpu, fault):
 
 def test_thrashing_between_processes_is_visible(simgpu):
     """Two managed workloads that each fit, but not together, evict each other's pages
-    (LRU across all contexts) and both run slower than alone."""
+    (in the order pages became resident, across all contexts) and both run slower than alone."""
     simgpu.memory = "512M"
     w = Workload(kernel_us=200, kernels=4, seconds=2.5, param_mb=200, act_mb=100, managed=True, verify=True, report_s=0.5)
     alone = simgpu.run(w, "alone").summary().iterations_per_s

@@ -13,7 +13,7 @@ from tgs_runtime.privatedocker import DockerUnavailable
 BENCHMARKS = {
     "isolation": "production protection and idle time reclaimed (the paper's main one)",
     "dynamics": "production load changes mid-run (duty, idle, a handover): seconds until settled",
-    "oversubscription": "memory above the budget: LRU, advice only, TGS eviction",
+    "oversubscription": "memory above the budget: the driver's eviction, advice only, TGS eviction",
     "multi": "1 production + 3 opportunistic jobs: JCTs, fair vs las",
     "launch": "what libtgs.so adds to a kernel launch",
     "start": "what the tgs runtime adds to docker run (root, docker.io)",

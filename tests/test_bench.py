@@ -242,9 +242,11 @@ def test_oversubscription_takes_both_jobs_rates_while_both_ran():
     from bench.oversubscription import together
 
     # opportunistic: 400 it/s alone until 3 s, 1.6 it/s while production iterates (4-16 s), ends at 16 s
-    opp = job_with([(0.5 * k, 200 * k) for k in range(1, 7)] + [(3.0 + 0.5 * k, 1200 + round(0.8 * k)) for k in range(1, 27)])
+    opp = job_with([(0.5 * k, 200 * k) for k in range(1, 7)]
+                   + [(3.0 + 0.5 * k, 1200 + round(0.8 * k)) for k in range(1, 27)])
     # production: iterates from 4 s (its set-up before), 1.6 it/s beside the other, 150 it/s alone after 16 s
-    prod = job_with([(4.0 + 0.5 * k, round(0.8 * k)) for k in range(1, 25)] + [(16.0 + 0.5 * k, 19 + 75 * k) for k in range(1, 5)])
+    prod = job_with([(4.0 + 0.5 * k, round(0.8 * k)) for k in range(1, 25)]
+                    + [(16.0 + 0.5 * k, 19 + 75 * k) for k in range(1, 5)])
     span = together([prod, opp], 0.3)
     assert span == pytest.approx((4.5 + 0.3 * 11.5, 16.0))
     assert prod.rate_between(*span) == pytest.approx(1.6, abs=0.1)

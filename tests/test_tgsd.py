@@ -118,8 +118,9 @@ def test_a_production_job_stopped_mid_iteration_leaves_the_gpu_to_opportunistic_
 
 @pytest.mark.parametrize("ending,fault", [("copyloop", ""), ("unifiedcopy", ""), ("pollloop", ""), ("pollfresh", ""),
                                           ("pollthread", "slow-launch"), ("sidestream", "")],
-                         ids=["a synchronous copy", "a synchronous unified copy", "polled events", "polled events, a new stream each time",
-                              "a poller thread beside slow launches", "a thread synchronising its own stream"])
+                         ids=["a synchronous copy", "a synchronous unified copy", "polled events",
+                              "polled events, a new stream each time", "a poller thread beside slow launches",
+                              "a thread synchronising its own stream"])
 def test_production_keeps_its_engine_and_leaves_its_idle_time_however_it_waits(ending, fault, simgpu, tgsd,
                                                                                     libshim, c_programs):
     """A production job whose iterations end with no stream, context or event

@@ -1469,6 +1469,12 @@ SIM_API CUresult CUDAAPI cuStreamEndCapture_ptsz(CUstream hStream, CUgraph *phGr
     return end_capture(hStream, phGraph);
 }
 
+static CUstreamCaptureStatus capture_status(const struct sim_stream *s) {
+    if (!s->capture)
+        return CU_STREAM_CAPTURE_STATUS_NONE;
+    return s->capture_invalid ? CU_STREAM_CAPTURE_STATUS_INVALIDATED : CU_STREAM_CAPTURE_STATUS_ACTIVE;
+}
+
 static CUresult is_capturing(CUstream hStream, CUstreamCaptureStatus *status) {
     struct sim_stream *s;
     CUresult r = drv_stream(hStream, &s);
@@ -1476,9 +1482,7 @@ static CUresult is_capturing(CUstream hStream, CUstreamCaptureStatus *status) {
         return r;
     if (!status)
         return CUDA_ERROR_INVALID_VALUE;
-    *status = !s->capture          ? CU_STREAM_CAPTURE_STATUS_NONE
-              : s->capture_invalid ? CU_STREAM_CAPTURE_STATUS_INVALIDATED
-                                   : CU_STREAM_CAPTURE_STATUS_ACTIVE;
+    *status = capture_status(s);
     return CUDA_SUCCESS;
 }
 SIM_API CUresult CUDAAPI cuStreamIsCapturing(CUstream hStream, CUstreamCaptureStatus *captureStatus) {
@@ -1496,9 +1500,7 @@ static CUresult capture_info(CUstream hStream, CUstreamCaptureStatus *status, cu
         return r;
     if (!status)
         return CUDA_ERROR_INVALID_VALUE;
-    *status = !s->capture          ? CU_STREAM_CAPTURE_STATUS_NONE
-              : s->capture_invalid ? CU_STREAM_CAPTURE_STATUS_INVALIDATED
-                                   : CU_STREAM_CAPTURE_STATUS_ACTIVE;
+    *status = capture_status(s);
     if (id && s->capture)
         *id = s->capture_id;
     if (graph)

@@ -9,8 +9,9 @@
  * device when it holds one of the device's frames in the shared frame table; data
  * really moves between the two copies on migration, and the copy left behind is
  * dropped. When the device is full, the frame of any context whose page became resident
- * first is taken (evicted; evict_one); its owner notices at its next access (the frame's generation
- * changed) and writes the device copy back to the host copy before using the page.
+ * first is taken (evicted; evict_one); its owner notices at its next access (the frame's
+ * generation changed) and writes the device copy back to the host copy before using the
+ * page.
  * Until then the device copy is still the page's only valid data, so nothing is lost
  * and no process ever touches another's memory.
  */

@@ -968,7 +968,8 @@ static uint64_t opportunistic_admit(struct tgs_gpu *g, struct launch *L, CUstrea
 static inline CUstream pt_stream(CUstream s, int per_thread) { return per_thread && !s ? CU_STREAM_PER_THREAD : s; }
 
 /* Inlined into each wrapper: called, it cost production's launch about 20 instructions. */
-static inline __attribute__((always_inline)) void launch_begin(struct launch *L, CUstream s, const void *what, uint64_t blocks) {
+static inline __attribute__((always_inline)) void launch_begin(struct launch *L, CUstream s, const void *what,
+                                                               uint64_t blocks) {
     L->g = NULL;
     if (!tgs_ready() || capturing(s))
         return;
@@ -1285,7 +1286,9 @@ TGS_API CUresult CUDAAPI cuStreamDestroy_v2(CUstream hStream) {
     return REAL(cuStreamDestroy_v2)(hStream);
 }
 
-TGS_API CUresult CUDAAPI cuStreamSynchronize(CUstream hStream) { return synced(REAL(cuStreamSynchronize)(hStream), SYNC_PART); }
+TGS_API CUresult CUDAAPI cuStreamSynchronize(CUstream hStream) {
+    return synced(REAL(cuStreamSynchronize)(hStream), SYNC_PART);
+}
 /* A synchronous copy to the host returns once the work queued before it on its stream is
  * done: a completed synchronisation, for programs that end their iterations with one
  * instead of a stream or context synchronisation. */
@@ -1308,7 +1311,9 @@ TGS_API CUresult CUDAAPI cuMemcpy_ptds(CUdeviceptr dst, CUdeviceptr src, size_t 
 TGS_API CUresult CUDAAPI cuStreamSynchronize_ptsz(CUstream hStream) {
     return synced(REAL(cuStreamSynchronize_ptsz)(hStream), SYNC_PART);
 }
-TGS_API CUresult CUDAAPI cuEventSynchronize(CUevent hEvent) { return synced(REAL(cuEventSynchronize)(hEvent), SYNC_PART); }
+TGS_API CUresult CUDAAPI cuEventSynchronize(CUevent hEvent) {
+    return synced(REAL(cuEventSynchronize)(hEvent), SYNC_PART);
+}
 TGS_API CUresult CUDAAPI cuCtxSynchronize(void) { return synced(REAL(cuCtxSynchronize)(), SYNC_CONTEXT); }
 TGS_API CUresult CUDAAPI cuCtxSynchronize_v2(CUcontext ctx) {
     CUcontext cur = NULL;

@@ -306,7 +306,8 @@ static void check_fork(void) {
     pthread_join(t, NULL);
     OK(spin(NULL, 1000));
     OK(cuCtxSynchronize());
-    printf("{\"parent_kernels\": %ld, \"child_exit\": %d}\n", w.iterations, WIFEXITED(status) ? WEXITSTATUS(status) : -1);
+    printf("{\"parent_kernels\": %ld, \"child_exit\": %d}\n", w.iterations,
+           WIFEXITED(status) ? WEXITSTATUS(status) : -1);
 }
 
 static void check_hold(int mb, double seconds) {

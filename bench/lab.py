@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import statistics
 import subprocess
 import tempfile
@@ -69,6 +70,12 @@ class Job:
         if self.proc.poll() is None:
             self.proc.kill()
 
+    def stop(self) -> None:
+        """Ends the run now as if its time were up (the workload's SIGINT: it still verifies
+        and reports)."""
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGINT)
+
     @property
     def summary(self) -> Report | None:
         return self.reports[-1] if self.reports and self.reports[-1].summary else None
@@ -129,7 +136,24 @@ class ControllerTrace:
                 "unlimited": len(inside) - len(rates),
                 "rate_blocks_per_s_median": round(statistics.median(rates)) if rates else None,
                 "states": dict(Counter(str(c.get("state")) for c in ctl)),
-                "inflight_max": dict(Counter(str(c.get("inflight_max")) for c in ctl))}
+                "inflight_max": dict(Counter(str(c.get("inflight_max")) for c in ctl)),
+                "opportunistic_blocks_per_s_by_bound": self._by_bound(inside)}
+
+    @staticmethod
+    def _by_bound(inside: list[tuple[float, dict]]) -> dict:
+        """Opportunistic blocks per second under each in-flight bound: each stretch between
+        two samples counted under the bound of its first (the bound a deeper trial of
+        tgsd's is judged by: did the job gain by it?)."""
+        def blocks(g: dict) -> int:
+            return sum(c.get("attained_blocks", 0) for c in g["containers"] if c["class"] == "opportunistic")
+
+        done: Counter = Counter()
+        took: Counter = Counter()
+        for (t0, g0), (t1, g1) in zip(inside, inside[1:]):
+            bound = str(g0["controller"].get("inflight_max"))
+            done[bound] += blocks(g1) - blocks(g0)
+            took[bound] += t1 - t0
+        return {b: round(done[b] / took[b]) for b in took if took[b] > 0}
 
     @staticmethod
     def _counted(inside: list[tuple[float, dict]]) -> dict:
@@ -169,7 +193,10 @@ class ControllerTrace:
                 + counted + f"; in-flight bound {s['inflight_max']}; rate unlimited in {s['unlimited']}"
                 + ("" if s["rate_blocks_per_s_median"] is None
                    else f", else {s['rate_blocks_per_s_median']} blocks/s (median)")
-                + f"; states {s['states']}")
+                + f"; states {s['states']}"
+                + ("" if not s.get("opportunistic_blocks_per_s_by_bound") else
+                   "; opportunistic blocks/s under each bound " + ", ".join(
+                       f"{b}: {v:,}" for b, v in s["opportunistic_blocks_per_s_by_bound"].items())))
 
 
 def production(duty: float, seconds: float, **kw) -> Workload:

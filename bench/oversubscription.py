@@ -40,23 +40,29 @@ def shapes(real: bool, seconds: float) -> tuple[Workload, Workload]:
 
 def pair(lab: Lab, prod: Workload, opp: Workload, name: str, containers: tuple[dict | None, dict | None]) -> dict:
     """Opportunistic first (it fills the GPU), production a second later, as in a shared
-    cluster. Rates are taken over the time both iterated (`together`)."""
-    o = lab.run(opp, f"{name}-opp", containers[1])
+    cluster. The opportunistic job runs until production has ended, then is stopped (SIGINT:
+    it still verifies), so that the two iterate together however long either one's set-up
+    takes: on an H200, with both running for the same time, the opportunistic job's
+    iterations were over before production had written its 12,000 MiB pattern, and there was
+    no time together to measure. Rates are taken over the time both iterated (`together`)."""
+    o = lab.run(replace(opp, seconds=opp.seconds + OUTLAST_S), f"{name}-opp", containers[1])
     time.sleep(1.0)
     p = lab.run(prod, f"{name}-prod", containers[0])
-    jobs = {"prod": p, "opp": o}
-    due = p.started + prod.seconds + 120  # then a job still running has hung
-    marks = []  # (when, simgpu's accounting) every half second while they run: none on a real GPU
-    while any(j.proc.poll() is None for j in jobs.values()) and time.monotonic() < due:
+    due = p.started + prod.seconds + 120  # then production, still running, has hung
+    marks = []  # (when, simgpu's accounting) every half second while it runs: none on a real GPU
+    while p.proc.poll() is None and time.monotonic() < due:
         snap = lab.snapshot()
         if snap is None:
             break
         marks.append((time.monotonic(), snap))
         time.sleep(0.5)
-    out = {k: outcome(j, max(0.1, due - time.monotonic())) for k, j in jobs.items()}
+    out = {"prod": outcome(p, max(0.1, due - time.monotonic()))}
+    o.stop()
+    out["opp"] = outcome(o, 120)
+    jobs = {"prod": p, "opp": o}
     span = together(list(jobs.values()), SETTLE)
     for k, j in jobs.items():
-        out[k]["rate"] = j.rate_between(*span) if span else 0.0
+        out[k]["rate"] = j.rate_between(*span) if span else None
     after = lab.snapshot()
     inside = [snap for t, snap in marks if span and span[0] <= t <= span[1]]
     if after is not None:
@@ -84,6 +90,7 @@ def outcome(j: Job, timeout: float) -> dict:
 # The part of the jobs' time together that is skipped: the controller's start, and the
 # opportunistic job's memory being moved out as production's arrives.
 SETTLE = 0.3
+OUTLAST_S = 600.0  # how much longer than production the opportunistic job may run: it is stopped when production ends
 
 
 def together(jobs: list[Job], settle: float) -> tuple[float, float] | None:
@@ -106,6 +113,16 @@ def failed(r: dict) -> bool:
     return r["rc"] != 0 or r["checksum_ok"] is not True
 
 
+def ratio(rate: float | None, exclusive: float) -> float | None:
+    """A rate as a fraction of the exclusive one; None where there is none (the jobs never
+    iterated together)."""
+    return None if rate is None or not exclusive else round(rate / exclusive, 3)
+
+
+def shown(x: float | None) -> str:
+    return "-" if x is None else f"{x:.3f}"
+
+
 def summarise(res: dict) -> tuple[list[list[str]], dict]:
     """The table's rows and the summary of each setting's raw results against the
     exclusive runs. The opportunistic job's multiple of co-execution's comes from the two
@@ -115,18 +132,18 @@ def summarise(res: dict) -> tuple[list[list[str]], dict]:
     rows, summary = [], {}
     for name in [k for k in res if k != "exclusive"]:
         r = res[name]
-        s = {"production_ratio": round(r["prod"]["rate"] / ex["prod"]["rate"], 3),
-             "opportunistic_ratio": round(r["opp"]["rate"] / ex["opp"]["rate"], 3),
+        s = {"production_ratio": ratio(r["prod"]["rate"], ex["prod"]["rate"]),
+             "opportunistic_ratio": ratio(r["opp"]["rate"], ex["opp"]["rate"]),
              "failed": [k for k in ("prod", "opp") if failed(r[k])],
              "pages_moved": {k: (r[k].get("pages_in") or 0) + (r[k].get("pages_out") or 0) for k in ("prod", "opp")},
              "opportunistic_bus_share": r["opp"].get("bus_share")}
         summary[name] = s
         failures = ", ".join(k + (" (hung)" if r[k]["rc"] is None else "") for k in s["failed"]) or "none"
         bus = s["opportunistic_bus_share"]
-        rows.append([name, f"{s['production_ratio']:.3f}", f"{s['opportunistic_ratio']:.3f}", failures,
+        rows.append([name, shown(s["production_ratio"]), shown(s["opportunistic_ratio"]), failures,
                      str(s["pages_moved"]["prod"]), str(s["pages_moved"]["opp"]), "-" if bus is None else f"{bus:.2f}"])
     co = res.get("co-execution")
-    if co and "TGS" in res and co["opp"]["rate"] > 0:
+    if co and "TGS" in res and co["opp"]["rate"] and res["TGS"]["opp"]["rate"] is not None:
         summary["TGS"]["opportunistic_vs_co_execution"] = round(res["TGS"]["opp"]["rate"] / co["opp"]["rate"], 1)
     return rows, summary
 
@@ -169,6 +186,8 @@ def run(echo: Echo = print, quick: bool = False, json_path: Path | None = None) 
           + table(["setting", "production / exclusive", "opportunistic / exclusive", "failed",
                    "production pages moved", "opportunistic pages moved", "opportunistic on the bus"], rows)
           + ("" if vs is None else f"\n\nTGS opportunistic throughput: {vs}x co-execution's.")
+          + "".join(f"\n\n{name}: the two jobs never iterated together, so there is no rate to compare ('-')."
+                    for name, r in res.items() if name != "exclusive" and r["prod"]["rate"] is None)
           + "".join(f"\n\n{name}, {k} failed: {r[k]['error'] or 'rc ' + str(r[k]['rc'])}" for name, r in res.items()
                     if name != "exclusive" for k in ("prod", "opp") if failed(r[k]))
           + "\n\nFailed: non-zero exit, a checksum mismatch (--verify), or hung (killed 120 s after it was due to "
@@ -183,4 +202,5 @@ def run(echo: Echo = print, quick: bool = False, json_path: Path | None = None) 
 
 
 def brief(r: dict) -> str:
-    return ", ".join(f"{k} {v['rate']:.1f} it/s{' FAILED' if failed(v) else ''}" for k, v in r.items())
+    return ", ".join(f"{k} {'-' if v['rate'] is None else format(v['rate'], '.1f')} it/s"
+                     f"{' FAILED' if failed(v) else ''}" for k, v in r.items())

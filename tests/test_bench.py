@@ -254,25 +254,42 @@ def test_oversubscription_takes_both_jobs_rates_while_both_ran():
     assert together([prod, job_with([(20.0, 5), (21.0, 10)])], 0.3) is None, "they never iterated together"
 
 
+def test_oversubscription_without_time_together_shows_no_rate_not_zero():
+    """On an H200 the opportunistic job's iterations were over before production's set-up
+    was: the table read 0.000 for both, failed none, as if TGS had stopped both jobs."""
+    from bench.oversubscription import summarise
+
+    ok = {"rc": 0, "checksum_ok": True}
+    res = {"exclusive": {"prod": {**ok, "rate": 163.5}, "opp": {**ok, "rate": 495.9}},
+           "TGS": {"prod": {**ok, "rate": None}, "opp": {**ok, "rate": None}}}
+    rows, summary = summarise(res)
+    assert rows[0][1:4] == ["-", "-", "none"]
+    assert summary["TGS"]["production_ratio"] is None and "opportunistic_vs_co_execution" not in summary["TGS"]
+
+
 def test_a_controller_trace_sums_up_only_its_window():
-    def gpu(beside, rate, inflight, busy, gated, overlap):
+    def gpu(beside, rate, inflight, busy, gated, overlap, blocks=0):
         return {"controller": {"state": "run", "opportunistic_beside_production": beside, "rate_blocks_per_s": rate,
                                "inflight_max": inflight},
                 "containers": [{"id": "p", "class": "production", "busy_s": busy, "iteration_starts": int(busy * 100),
-                                "gated_s": 0, "beside_production_s": 0},
+                                "gated_s": 0, "beside_production_s": 0, "attained_blocks": 10**9},
                                {"id": "o", "class": "opportunistic", "busy_s": 0, "gated_s": gated,
-                                "beside_production_s": overlap}]}
+                                "beside_production_s": overlap, "attained_blocks": blocks}]}
 
-    trace = ControllerTrace([(0.0, gpu(0.9, 10, 1, 0, 0, 0)), (1.0, gpu(None, None, None, 5, 4, 1)),
-                             (2.0, gpu(0.02, 500, 2, 5.5, 4.45, 1.01)), (3.0, gpu(0.04, 700, 2, 6, 4.9, 1.02)),
+    trace = ControllerTrace([(0.0, gpu(0.9, 10, 1, 0, 0, 0)), (1.0, gpu(None, None, None, 5, 4, 1, 1000)),
+                             (2.0, gpu(0.02, 500, 2, 5.5, 4.45, 1.01, 1500)),
+                             (3.0, gpu(0.04, 700, 2, 6, 4.9, 1.02, 3500)),
                              (9.0, gpu(0.9, 10, 1, 50, 50, 50))], span=(0.5, 3.5))
     s = trace.summary()
     assert s == {"samples": 3, "watched": 2, "beside_production_per_s_median": 0.03, "production_busy_per_s": 0.5,
-                 "production_iteration_starts_per_s": 50.0, "opportunistic_gated_per_s": 0.45, "opportunistic_beside_per_s": 0.01, "unlimited": 1,
-                 "rate_blocks_per_s_median": 600, "states": {"run": 3}, "inflight_max": {"None": 1, "2": 2}}
+                 "production_iteration_starts_per_s": 50.0, "opportunistic_gated_per_s": 0.45,
+                 "opportunistic_beside_per_s": 0.01, "unlimited": 1, "rate_blocks_per_s_median": 600,
+                 "states": {"run": 3}, "inflight_max": {"None": 1, "2": 2},
+                 "opportunistic_blocks_per_s_by_bound": {"None": 500, "2": 2000}}
     words = ControllerTrace.describe(s)
     assert "production's shims counted it busy 0.5 s/s in 50 iterations/s, the opportunistic ones waited behind it " \
            "0.45 s/s" in words
+    assert words.endswith("; opportunistic blocks/s under each bound None: 500, 2: 2,000")
     assert "watched production in 2 of 3 status samples" in words and "0.03 s/s" in words
     assert ControllerTrace.describe(ControllerTrace().summary()) == "no status samples"
     one = ControllerTrace(trace.samples[:1]).summary()

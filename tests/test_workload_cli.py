@@ -2,7 +2,9 @@
 from __future__ import annotations
 
 import json
+import signal
 import subprocess
+import time
 
 import pytest
 
@@ -21,6 +23,20 @@ def test_json_lines_follow_the_contract(simgpu):
     assert s.kernels == 4 * s.iterations
     # one iteration: 2 ms of kernels and a 2 ms gap
     assert 180 <= s.iterations_per_s <= 260, s
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+def test_a_signal_ends_the_run_early_and_it_still_verifies_and_reports(simgpu, sig):
+    """The oversubscription benchmark runs its opportunistic job until production has
+    ended, then stops it: the run ends as if its time were up, its writes checked."""
+    p = simgpu.workload(Workload(kernel_us=500, kernels=4, seconds=600, report_s=0.2, verify=True), "w")
+    simgpu.wait_for_contexts(["w"])
+    time.sleep(0.5)
+    p.kill(sig)
+    assert p.wait(30) == 0, p.stderr
+    s = p.summary()
+    assert s.checksum_ok is True and s.iterations > 0
+    assert s.elapsed_s < 30, f"it ran on for {s.elapsed_s:.1f} s after the signal"
 
 
 def test_the_last_kernels_of_an_iteration_can_run_long(simgpu):

@@ -17,6 +17,7 @@
 #include <dlfcn.h>
 #include <errno.h>
 #include <getopt.h>
+#include <signal.h>
 #include <stdarg.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -151,7 +152,8 @@ static void usage(FILE *f) {
             "  --host-us US     host work in each iteration once the first half of its kernels is queued,\n"
             "                   while the GPU runs them (a framework's work between launches; the\n"
             "                   thread sleeps; default 0)\n"
-            "  --seconds S      how long to run (default 10)\n"
+            "  --seconds S      how long to run (default 10); SIGINT or SIGTERM ends the run sooner, as\n"
+            "                   if its time were up (it still verifies and reports)\n"
             "  --iterations N   stop after N iterations instead (a job of fixed work; --seconds still caps it)\n"
             "  --param-mb MB    parameter memory, touched every iteration (default 16)\n"
             "  --act-mb MB      activation memory, touched every iteration (default 16)\n"
@@ -293,6 +295,24 @@ static void sleep_us(double us) {
     }
 }
 
+/* SIGINT or SIGTERM: the run ends after the iteration in progress, as if its time were up */
+static volatile sig_atomic_t stop_asked;
+
+static void ask_stop(int sig) {
+    (void)sig;
+    stop_asked = 1;
+}
+
+static void stop_on_signals(void) {
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = ask_stop;
+    sa.sa_flags = SA_RESTART;
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGINT, &sa, NULL);
+    sigaction(SIGTERM, &sa, NULL);
+}
+
 static void report(int summary, double ips, uint64_t it, uint64_t kernels, double elapsed, int have_check, int ok,
                    uint64_t bad) {
     if (opt.json) {
@@ -316,6 +336,7 @@ static void report(int summary, double ips, uint64_t it, uint64_t kernels, doubl
 
 int main(int argc, char **argv) {
     parse(argc, argv);
+    stop_on_signals();
     load_driver();
     CHECK(cu.Init(0), "cuInit");
     int count = 0;
@@ -354,7 +375,7 @@ int main(int argc, char **argv) {
     uint64_t it = 0, kernels = 0, last_it = 0, warm_it = 0;
     for (;;) {
         double t = now_s();
-        if (t - start >= opt.seconds || (opt.iterations && (long)it >= opt.iterations))
+        if (t - start >= opt.seconds || (opt.iterations && (long)it >= opt.iterations) || stop_asked)
             break;
         for (size_t k = 0; k < K; k++) {
             size_t po = k * ps < params.bytes ? k * ps : params.bytes;

@@ -67,7 +67,7 @@ import enum
 from dataclasses import dataclass, field
 
 from tgs_runtime.config import ControlConfig, Controller, Share
-from tgs_runtime.daemon.inflight import InflightBound
+from tgs_runtime.daemon.inflight import InflightBound, Move
 from tgs_runtime.proto import RATE_UNLIMITED
 
 UNLIMITED = RATE_UNLIMITED
@@ -458,7 +458,7 @@ class FastController:
         self.decided_at = t
         solo = self.solo or 0.0
         tol = self.cfg.tolerance
-        long_p, long_covered = p, covered
+        long_p, long_o, long_covered = p, o, covered
         judged_from = max(since, t - self.QUICK_S)
         p, o, _ = self.window.rates(judged_from)
         cutting = self.rate < self.rate_good  # cut since production last held
@@ -574,9 +574,16 @@ class FastController:
                 self._change(t, "production holds: " + ("limit unused, lifted" if lift else "rate raised"),
                              rate=UNLIMITED if lift else new)
                 self.rate_good = self.rate
-            elif self.bound.holds(t):
-                self._change(t, f"production holds: in-flight bound {self.bound.kernels} tried")
-                return self._budget()
+            else:
+                before, trial = self.bound.before, self.bound.kernels
+                move = self.bound.holds(t, long_o)
+                if move is Move.TRIED:
+                    self._change(t, f"production holds: in-flight bound {self.bound.kernels} tried")
+                    return self._budget()
+                if move is Move.BACK:
+                    self._change(t, f"opportunistic work at {long_o:,.0f} blocks/s under in-flight bound {trial}, "
+                                 f"{before:,.0f} under {self.bound.kernels}: back to {self.bound.kernels}")
+                    return self._budget()
             if t - self.profiled_at > self.cfg.reprofile_s:
                 self._profile(t, "periodic", periodic=True)
         return self._budget()

@@ -13,7 +13,11 @@ what production does; the bound answers with its own moves:
 - production holds with no rate limit (`holds`): a trial production held long enough
   (10 s, a deeper one 5 s) is settled; a bound lowered to one is tried again at the bound
   production last held once the wait is over; a bound held for 5 s is tried twice as deep,
-  up to `[control] inflight_deepest`. One kernel in flight costs opportunistic work the
+  up to `[control] inflight_deepest`. A deeper trial is for opportunistic work: one under
+  which it progressed by more than a tenth less than at the bound before goes back as if
+  it had harmed production (on an H200, a GPT-2-small-sized PyTorch job beside ResNet-50
+  ran at 0.244 of its exclusive speed while the bound deepened from two to eight, 0.479
+  with the bound kept at two). One kernel in flight costs opportunistic work the
   moment between each of its kernels ending and the next launch (a fifth of the idle time
   beside 75 % duty on simgpu), so one blip must not keep it there for good; and a job whose
   host work between launches outlasts a shallow queue leaves the GPU idle meanwhile (on
@@ -26,12 +30,21 @@ the controller can start measuring afresh from it.
 """
 from __future__ import annotations
 
+import enum
 from dataclasses import dataclass, field
 
 RETRY_S = 10.0       # a bound lowered to one is tried again after this ...
 RETRY_MAX_S = 320.0  # ... doubled each time the try fails, up to this (the same for deeper trials)
 TRY_S = 10.0         # a try that production holds this long has succeeded
 DEEPEN_S = 5.0       # a bound production held this long is tried twice as deep; a deeper trial lasts as long
+DEEPER_LOSS = 0.1    # a deeper trial under which opportunistic work progressed this part less than before fails
+
+
+class Move(enum.Enum):
+    """What `InflightBound.holds` did."""
+    NONE = "none"      # nothing: the bound stays
+    TRIED = "tried"    # a trial started (a deeper bound, or the one held, again)
+    BACK = "back"      # a deeper trial cost opportunistic work its progress: back to the bound held
 
 
 @dataclass
@@ -79,6 +92,7 @@ class InflightBound:
     deepen: Backoff = field(init=False)            # when a deeper trial may start after one failed
     trying_since: float | None = field(init=False)  # the bound is on trial since
     calm_since: float | None = field(init=False)   # production has held since (no harm, no change of bound)
+    before: float = field(init=False)  # opportunistic blocks/s at the bound held, as the deeper trial began
 
     def __post_init__(self) -> None:
         self.restore()
@@ -87,6 +101,7 @@ class InflightBound:
         """A new load starts from the configured bound, with no trials behind it."""
         self.kernels = self.held = self.configured
         self.trying_since = self.calm_since = None
+        self.before = 0.0
         self.retry, self.deepen = Backoff(RETRY_S), Backoff(DEEPEN_S)
 
     @property
@@ -112,14 +127,20 @@ class InflightBound:
         self._set(t, 1)
         return True
 
-    def holds(self, t: float) -> bool:
-        """Production holds and opportunistic work has no rate limit: settles a trial held
-        long enough, or starts one (of the bound last held, once a bound lowered to one has
-        waited long enough; or twice as deep as the bound held for DEEPEN_S). Whether the
-        bound changed."""
+    def holds(self, t: float, opportunistic: float) -> Move:
+        """Production holds and opportunistic work has no rate limit, and progressed at
+        `opportunistic` blocks/s since the bound last changed: settles a trial held long
+        enough (a deeper one only where opportunistic work did not lose by it: else back to
+        the bound held, and the next deeper trial waits twice as long), or starts one (of
+        the bound last held, once a bound lowered to one has waited long enough; or twice
+        as deep as the bound held for DEEPEN_S)."""
         if self.trying_since is not None:
             if t - self.trying_since < (DEEPEN_S if self.deeper else TRY_S):
-                return False
+                return Move.NONE
+            if self.deeper and opportunistic < (1 - DEEPER_LOSS) * self.before:
+                self.deepen.wait(t, failed=True)
+                self._set(t, self.held)
+                return Move.BACK
             if self.deeper:
                 self.deepen.succeeded()
             self.held, self.calm_since = self.kernels, self.trying_since  # the trial was calm
@@ -127,16 +148,17 @@ class InflightBound:
             self.retry.succeeded()
         if self.retry.waiting:
             if self.kernels != 1 or not self.retry.over(t):
-                return False
+                return Move.NONE
             self.retry.stop()
             self._set(t, self.held, trial=True)
-            return True
+            return Move.TRIED
         if self.calm_since is None:
             self.calm_since = t
         if 0 < self.kernels < self.deepest and t - self.calm_since >= DEEPEN_S and self.deepen.over(t):
+            self.before = opportunistic
             self._set(t, min(2 * self.kernels, self.deepest), trial=True)
-            return True
-        return False
+            return Move.TRIED
+        return Move.NONE
 
     def _set(self, t: float, kernels: int, trial: bool = False) -> None:
         self.kernels = kernels

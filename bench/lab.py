@@ -159,15 +159,17 @@ class ControllerTrace:
     def _counted(inside: list[tuple[float, dict]]) -> dict:
         """Per second between the first and the last sample, from the containers' counters
         (those in both): production busy (the busiest production container), opportunistic
-        waiting behind it and its work beside it (summed). None: fewer than two samples."""
+        waiting behind it, its work beside it, and its other waits (for its own kernels in
+        flight, anticipating production, or tokens: its launching threads' waits less those
+        behind production; summed). None: fewer than two samples."""
         keys = ("production_busy_per_s", "production_iteration_starts_per_s", "opportunistic_gated_per_s",
-                "opportunistic_beside_per_s")
+                "opportunistic_beside_per_s", "opportunistic_other_waits_per_s")
         if len(inside) < 2 or inside[-1][0] <= inside[0][0]:
             return dict.fromkeys(keys)
         (t0, g0), (t1, g1) = inside[0], inside[-1]
         first = {c["id"]: c for c in g0["containers"]}
         grew = [(c["class"], {k: c.get(k, 0) - first[c["id"]].get(k, 0)
-                              for k in ("busy_s", "iteration_starts", "gated_s", "beside_production_s")})
+                              for k in ("busy_s", "iteration_starts", "gated_s", "beside_production_s", "throttled_s")})
                 for c in g1["containers"] if c["id"] in first]
         dt = t1 - t0
         prod = [d for cls, d in grew if cls == "production"]
@@ -175,7 +177,8 @@ class ControllerTrace:
         return dict(zip(keys, (round(max((d["busy_s"] for d in prod), default=0) / dt, 3),
                                round(sum(d["iteration_starts"] for d in prod) / dt, 2),
                                round(sum(d["gated_s"] for d in opp) / dt, 3),
-                               round(sum(d["beside_production_s"] for d in opp) / dt, 4))))
+                               round(sum(d["beside_production_s"] for d in opp) / dt, 4),
+                               round(max(0.0, sum(d["throttled_s"] - d["gated_s"] for d in opp)) / dt, 3))))
 
     @staticmethod
     def describe(s: dict) -> str:
@@ -187,7 +190,10 @@ class ControllerTrace:
                    f"; production's shims counted it busy {s['production_busy_per_s']:g} s/s in "
                    f"{s['production_iteration_starts_per_s']:g} iterations/s, the opportunistic "
                    f"ones waited behind it {s['opportunistic_gated_per_s']:g} s/s with their own work beside it "
-                   f"{s['opportunistic_beside_per_s']:g} s/s")
+                   f"{s['opportunistic_beside_per_s']:g} s/s"
+                   + ("" if s.get("opportunistic_other_waits_per_s") is None else
+                      f", and {s['opportunistic_other_waits_per_s']:g} s/s for their own kernels in flight, "
+                      "anticipating production or for tokens"))
         return (f"the opportunistic shims watched production in {s['watched']} of {s['samples']} status samples"
                 + ("" if beside is None else f" (the controller's figure beside it: {beside:g} s/s, median)")
                 + counted + f"; in-flight bound {s['inflight_max']}; rate unlimited in {s['unlimited']}"

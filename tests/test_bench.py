@@ -272,9 +272,10 @@ def test_a_controller_trace_sums_up_only_its_window():
         return {"controller": {"state": "run", "opportunistic_beside_production": beside, "rate_blocks_per_s": rate,
                                "inflight_max": inflight},
                 "containers": [{"id": "p", "class": "production", "busy_s": busy, "iteration_starts": int(busy * 100),
-                                "gated_s": 0, "beside_production_s": 0, "attained_blocks": 10**9},
+                                "gated_s": 0, "beside_production_s": 0, "attained_blocks": 10**9, "throttled_s": 0},
                                {"id": "o", "class": "opportunistic", "busy_s": 0, "gated_s": gated,
-                                "beside_production_s": overlap, "attained_blocks": blocks}]}
+                                "beside_production_s": overlap, "attained_blocks": blocks,
+                                "throttled_s": 1.5 * gated}]}
 
     trace = ControllerTrace([(0.0, gpu(0.9, 10, 1, 0, 0, 0)), (1.0, gpu(None, None, None, 5, 4, 1, 1000)),
                              (2.0, gpu(0.02, 500, 2, 5.5, 4.45, 1.01, 1500)),
@@ -283,12 +284,14 @@ def test_a_controller_trace_sums_up_only_its_window():
     s = trace.summary()
     assert s == {"samples": 3, "watched": 2, "beside_production_per_s_median": 0.03, "production_busy_per_s": 0.5,
                  "production_iteration_starts_per_s": 50.0, "opportunistic_gated_per_s": 0.45,
-                 "opportunistic_beside_per_s": 0.01, "unlimited": 1, "rate_blocks_per_s_median": 600,
+                 "opportunistic_beside_per_s": 0.01, "opportunistic_other_waits_per_s": 0.225, "unlimited": 1,
+                 "rate_blocks_per_s_median": 600,
                  "states": {"run": 3}, "inflight_max": {"None": 1, "2": 2},
                  "opportunistic_blocks_per_s_by_bound": {"None": 500, "2": 2000}}
     words = ControllerTrace.describe(s)
     assert "production's shims counted it busy 0.5 s/s in 50 iterations/s, the opportunistic ones waited behind it " \
            "0.45 s/s" in words
+    assert "and 0.225 s/s for their own kernels in flight, anticipating production or for tokens" in words
     assert words.endswith("; opportunistic blocks/s under each bound None: 500, 2: 2,000")
     assert "watched production in 2 of 3 status samples" in words and "0.03 s/s" in words
     assert ControllerTrace.describe(ControllerTrace().summary()) == "no status samples"

@@ -119,8 +119,8 @@ def ratio(rate: float | None, exclusive: float) -> float | None:
     return None if rate is None or not exclusive else round(rate / exclusive, 3)
 
 
-def shown(x: float | None) -> str:
-    return "-" if x is None else f"{x:.3f}"
+def shown(x: float | None, digits: int = 3) -> str:
+    return "-" if x is None else f"{x:.{digits}f}"
 
 
 def summarise(res: dict) -> tuple[list[list[str]], dict]:
@@ -139,9 +139,9 @@ def summarise(res: dict) -> tuple[list[list[str]], dict]:
              "opportunistic_bus_share": r["opp"].get("bus_share")}
         summary[name] = s
         failures = ", ".join(k + (" (hung)" if r[k]["rc"] is None else "") for k in s["failed"]) or "none"
-        bus = s["opportunistic_bus_share"]
         rows.append([name, shown(s["production_ratio"]), shown(s["opportunistic_ratio"]), failures,
-                     str(s["pages_moved"]["prod"]), str(s["pages_moved"]["opp"]), "-" if bus is None else f"{bus:.2f}"])
+                     str(s["pages_moved"]["prod"]), str(s["pages_moved"]["opp"]),
+                     shown(s["opportunistic_bus_share"], 2)])
     co = res.get("co-execution")
     if co and "TGS" in res and co["opp"]["rate"] and res["TGS"]["opp"]["rate"] is not None:
         summary["TGS"]["opportunistic_vs_co_execution"] = round(res["TGS"]["opp"]["rate"] / co["opp"]["rate"], 1)

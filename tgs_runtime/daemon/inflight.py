@@ -117,8 +117,7 @@ class InflightBound:
         """Harm: back from a deeper trial to the bound production held, else down to one
         kernel. Whether the bound changed (not where it is one already)."""
         if self.deeper:
-            self.deepen.wait(t, failed=True)
-            self._set(t, self.held)
+            self._fail_deeper(t)
             return True
         if self.kernels == 1:
             return False
@@ -138,8 +137,7 @@ class InflightBound:
             if t - self.trying_since < (DEEPEN_S if self.deeper else TRY_S):
                 return Move.NONE
             if self.deeper and opportunistic < (1 - DEEPER_LOSS) * self.before:
-                self.deepen.wait(t, failed=True)
-                self._set(t, self.held)
+                self._fail_deeper(t)
                 return Move.BACK
             if self.deeper:
                 self.deepen.succeeded()
@@ -159,6 +157,12 @@ class InflightBound:
             self._set(t, min(2 * self.kernels, self.deepest), trial=True)
             return Move.TRIED
         return Move.NONE
+
+    def _fail_deeper(self, t: float) -> None:
+        """A deeper trial failed (harm, or opportunistic work lost by it): back to the bound
+        held, and the next deeper trial waits twice as long."""
+        self.deepen.wait(t, failed=True)
+        self._set(t, self.held)
 
     def _set(self, t: float, kernels: int, trial: bool = False) -> None:
         self.kernels = kernels

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Iterator
 
 from bench.common import every
-from tgs_runtime import sim
+from tgs_runtime import proto, sim
 from tgs_runtime.childd import ChildTgsd, merge, own_config
 from tgs_runtime.paths import artifacts
 from tgs_runtime.workload import Report, Workload, parse_line
@@ -137,39 +137,44 @@ class ControllerTrace:
                 "rate_blocks_per_s_median": round(statistics.median(rates)) if rates else None,
                 "states": dict(Counter(str(c.get("state")) for c in ctl)),
                 "inflight_max": dict(Counter(str(c.get("inflight_max")) for c in ctl)),
-                "opportunistic_blocks_per_s_by_bound": self._by_bound(inside)}
+                "opportunistic_by_bound": self._by_bound(inside)}
 
     @staticmethod
     def _by_bound(inside: list[tuple[float, dict]]) -> dict:
-        """Opportunistic blocks per second under each in-flight bound: each stretch between
-        two samples counted under the bound of its first (the bound a deeper trial of
-        tgsd's is judged by: did the job gain by it?)."""
-        def blocks(g: dict) -> int:
-            return sum(c.get("attained_blocks", 0) for c in g["containers"] if c["class"] == "opportunistic")
+        """Under each in-flight bound, the opportunistic containers' blocks per second and
+        their launching threads' waits by cause, in seconds per second (WAITS): each stretch
+        between two samples counted under the bound of its first (the bound a deeper trial of
+        tgsd's is judged by: did the job gain by it, and where did its time go?)."""
+        def opp(g: dict, key: str) -> float:
+            return sum(c.get(key, 0) for c in g["containers"] if c["class"] == "opportunistic")
 
-        done: Counter = Counter()
+        keys = ("attained_blocks", *WAITS.values())
+        done: dict[str, Counter] = {}
         took: Counter = Counter()
         for (t0, g0), (t1, g1) in zip(inside, inside[1:]):
             bound = str(g0["controller"].get("inflight_max"))
-            done[bound] += blocks(g1) - blocks(g0)
+            done.setdefault(bound, Counter()).update({k: opp(g1, k) - opp(g0, k) for k in keys})
             took[bound] += t1 - t0
-        return {b: round(done[b] / took[b]) for b in took if took[b] > 0}
+        return {b: {"blocks_per_s": round(done[b]["attained_blocks"] / took[b]),
+                    **{f"{cause}_per_s": round(done[b][key] / took[b], 3) for cause, key in WAITS.items()}}
+                for b in took if took[b] > 0}
 
     @staticmethod
     def _counted(inside: list[tuple[float, dict]]) -> dict:
         """Per second between the first and the last sample, from the containers' counters
         (those in both): production busy (the busiest production container), opportunistic
-        waiting behind it, its work beside it, and its other waits (for its own kernels in
-        flight, anticipating production, or tokens: its launching threads' waits less those
-        behind production; summed). None: fewer than two samples."""
+        waiting behind it, its work beside it, and its launching threads' other waits by
+        cause (WAITS; summed over the opportunistic containers). None: fewer than two
+        samples."""
+        others = [k for k in WAITS if k != "gated"]
         keys = ("production_busy_per_s", "production_iteration_starts_per_s", "opportunistic_gated_per_s",
-                "opportunistic_beside_per_s", "opportunistic_other_waits_per_s")
+                "opportunistic_beside_per_s", *(f"opportunistic_{k}_per_s" for k in others))
         if len(inside) < 2 or inside[-1][0] <= inside[0][0]:
             return dict.fromkeys(keys)
         (t0, g0), (t1, g1) = inside[0], inside[-1]
         first = {c["id"]: c for c in g0["containers"]}
         grew = [(c["class"], {k: c.get(k, 0) - first[c["id"]].get(k, 0)
-                              for k in ("busy_s", "iteration_starts", "gated_s", "beside_production_s", "throttled_s")})
+                              for k in ("busy_s", "iteration_starts", "beside_production_s", *WAITS.values())})
                 for c in g1["containers"] if c["id"] in first]
         dt = t1 - t0
         prod = [d for cls, d in grew if cls == "production"]
@@ -178,7 +183,7 @@ class ControllerTrace:
                                round(sum(d["iteration_starts"] for d in prod) / dt, 2),
                                round(sum(d["gated_s"] for d in opp) / dt, 3),
                                round(sum(d["beside_production_s"] for d in opp) / dt, 4),
-                               round(max(0.0, sum(d["throttled_s"] - d["gated_s"] for d in opp)) / dt, 3))))
+                               *(round(sum(d[WAITS[k]] for d in opp) / dt, 3) for k in others))))
 
     @staticmethod
     def describe(s: dict) -> str:
@@ -190,19 +195,30 @@ class ControllerTrace:
                    f"; production's shims counted it busy {s['production_busy_per_s']:g} s/s in "
                    f"{s['production_iteration_starts_per_s']:g} iterations/s, the opportunistic "
                    f"ones waited behind it {s['opportunistic_gated_per_s']:g} s/s with their own work beside it "
-                   f"{s['opportunistic_beside_per_s']:g} s/s"
-                   + ("" if s.get("opportunistic_other_waits_per_s") is None else
-                      f", and {s['opportunistic_other_waits_per_s']:g} s/s for their own kernels in flight, "
-                      "anticipating production or for tokens"))
+                   f"{s['opportunistic_beside_per_s']:g} s/s, and "
+                   + _waits({k: s.get(f"opportunistic_{k}_per_s") for k in WAITS if k != "gated"}))
         return (f"the opportunistic shims watched production in {s['watched']} of {s['samples']} status samples"
                 + ("" if beside is None else f" (the controller's figure beside it: {beside:g} s/s, median)")
                 + counted + f"; in-flight bound {s['inflight_max']}; rate unlimited in {s['unlimited']}"
                 + ("" if s["rate_blocks_per_s_median"] is None
                    else f", else {s['rate_blocks_per_s_median']} blocks/s (median)")
                 + f"; states {s['states']}"
-                + ("" if not s.get("opportunistic_blocks_per_s_by_bound") else
-                   "; opportunistic blocks/s under each bound " + ", ".join(
-                       f"{b}: {v:,}" for b, v in s["opportunistic_blocks_per_s_by_bound"].items())))
+                + ("" if not s.get("opportunistic_by_bound") else
+                   "; under each in-flight bound, opportunistic " + "; ".join(
+                       f"{b}: {v['blocks_per_s']:,} blocks/s, "
+                       + _waits({k: v.get(f"{k}_per_s") for k in WAITS})
+                       for b, v in s["opportunistic_by_bound"].items())))
+
+
+# What an opportunistic container's launching threads wait for: the cause, and its key in
+# the status document
+WAITS = {cause: proto.wait_key(cause) for cause in proto.WAIT_CAUSES}
+
+
+def _waits(per_s: dict[str, float | None]) -> str:
+    """Waits by cause in words: 'waited 0.3 s/s at the in-flight bound, ...'."""
+    known = [f"{v:g} s/s {proto.WAIT_CAUSES[k]}" for k, v in per_s.items() if v is not None]
+    return "waited " + ", ".join(known) if known else "waits not counted"
 
 
 def production(duty: float, seconds: float, **kw) -> Workload:

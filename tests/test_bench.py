@@ -14,6 +14,7 @@ import pytest
 from bench.common import Outputs
 from bench.dynamics import settle
 from bench.lab import ControllerTrace, Job, Lab, opportunistic, production
+from tgs_runtime import proto
 from tgs_runtime.commands.bench import BENCHMARKS
 from tgs_runtime.workload import Report
 
@@ -275,7 +276,8 @@ def test_a_controller_trace_sums_up_only_its_window():
                                 "gated_s": 0, "beside_production_s": 0, "attained_blocks": 10**9, "throttled_s": 0},
                                {"id": "o", "class": "opportunistic", "busy_s": 0, "gated_s": gated,
                                 "beside_production_s": overlap, "attained_blocks": blocks,
-                                "throttled_s": 1.5 * gated}]}
+                                "inflight_wait_s": 0.5 * gated, "anticipation_wait_s": 0.1 * blocks / 1000,
+                                "token_wait_s": 0}]}
 
     trace = ControllerTrace([(0.0, gpu(0.9, 10, 1, 0, 0, 0)), (1.0, gpu(None, None, None, 5, 4, 1, 1000)),
                              (2.0, gpu(0.02, 500, 2, 5.5, 4.45, 1.01, 1500)),
@@ -284,15 +286,24 @@ def test_a_controller_trace_sums_up_only_its_window():
     s = trace.summary()
     assert s == {"samples": 3, "watched": 2, "beside_production_per_s_median": 0.03, "production_busy_per_s": 0.5,
                  "production_iteration_starts_per_s": 50.0, "opportunistic_gated_per_s": 0.45,
-                 "opportunistic_beside_per_s": 0.01, "opportunistic_other_waits_per_s": 0.225, "unlimited": 1,
+                 "opportunistic_beside_per_s": 0.01, "opportunistic_inflight_per_s": 0.225,
+                 "opportunistic_anticipation_per_s": 0.125, "opportunistic_token_per_s": 0.0, "unlimited": 1,
                  "rate_blocks_per_s_median": 600,
                  "states": {"run": 3}, "inflight_max": {"None": 1, "2": 2},
-                 "opportunistic_blocks_per_s_by_bound": {"None": 500, "2": 2000}}
+                 "opportunistic_by_bound": {
+                     "None": {"blocks_per_s": 500, "gated_per_s": 0.45, "inflight_per_s": 0.225,
+                              "anticipation_per_s": 0.05, "token_per_s": 0.0},
+                     "2": {"blocks_per_s": 2000, "gated_per_s": 0.45, "inflight_per_s": 0.225,
+                           "anticipation_per_s": 0.2, "token_per_s": 0.0}}}
     words = ControllerTrace.describe(s)
     assert "production's shims counted it busy 0.5 s/s in 50 iterations/s, the opportunistic ones waited behind it " \
            "0.45 s/s" in words
-    assert "and 0.225 s/s for their own kernels in flight, anticipating production or for tokens" in words
-    assert words.endswith("; opportunistic blocks/s under each bound None: 500, 2: 2,000")
+    assert ("and waited 0.225 s/s at the in-flight bound, 0.125 s/s anticipating production, "
+            "0 s/s for tokens") in words
+    assert words.endswith("; under each in-flight bound, opportunistic None: 500 blocks/s, waited 0.45 s/s behind "
+                          "production, 0.225 s/s at the in-flight bound, 0.05 s/s anticipating production, "
+                          "0 s/s for tokens; 2: 2,000 blocks/s, waited 0.45 s/s behind production, 0.225 s/s at "
+                          "the in-flight bound, 0.2 s/s anticipating production, 0 s/s for tokens"), words
     assert "watched production in 2 of 3 status samples" in words and "0.03 s/s" in words
     assert ControllerTrace.describe(ControllerTrace().summary()) == "no status samples"
     one = ControllerTrace(trace.samples[:1]).summary()
@@ -321,3 +332,9 @@ def test_a_lab_traces_what_its_tgsd_saw_while_jobs_ran(libshim):
     assert 40 <= s["production_iteration_starts_per_s"] <= 55, s  # its 20 ms iterations (50/s)
     assert s["opportunistic_gated_per_s"] >= 0.8 * s["production_busy_per_s"], s
     assert s["opportunistic_beside_per_s"] < 0.1, s
+    # its launching thread's time is accounted for: behind production, or at the in-flight
+    # bound (two of its 1 ms kernels), a little anticipating production's next launch
+    waited = sum(s[f"opportunistic_{cause}_per_s"] for cause in proto.WAIT_CAUSES)
+    assert s["opportunistic_inflight_per_s"] >= 0.1 and 0.7 <= waited <= 1.1, s
+    assert s["opportunistic_by_bound"]["2"]["inflight_per_s"] == pytest.approx(s["opportunistic_inflight_per_s"],
+                                                                               abs=0.1), s

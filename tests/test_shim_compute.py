@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from harness.shimside import counters
+from harness.shimside import counters, waits
 from tgs_runtime import proto, sim
 from tgs_runtime.workload import Workload
 
@@ -37,6 +37,9 @@ def test_opportunistic_runs_near_its_budget(simgpu, container, libshim):
     ctr = counters(c)
     assert ctr["waits"] > 100 and ctr["throttled_ns"] > 1e9, ctr
     assert ctr["blocks"] == ctr["launches"] * BLOCKS
+    w = waits(c)
+    assert w["token"] >= 0.95 * ctr["throttled_ns"], f"it waited for tokens alone: {w}, {ctr['throttled_ns']}"
+    assert w["inflight"] == 0 and w["anticipation"] == 0, f"no bound, no production to anticipate: {w}"
 
 
 def test_production_keeps_its_engine_beside_a_budgeted_opportunistic_job(simgpu, container, libshim):
@@ -142,10 +145,16 @@ def test_long_kernels_stay_within_the_in_flight_count(simgpu, container, libshim
     p = simgpu.workload(GPU_BOUND, "opp", c.env(libshim.shim))
     simgpu.wait_for_contexts(["opp"])
     time.sleep(0.5)
+    w0, t0 = waits(c), time.monotonic()
     busy, most = in_flight(simgpu, "opp", 2.0)
+    w1, t1 = waits(c), time.monotonic()
     p.kill()
     assert most <= 2, f"{most} kernels of 1 ms in flight under a bound of 2"
     assert busy >= 0.8, f"the engine ran the job {busy:.0%} of the time"
+    inflight = (w1["inflight"] - w0["inflight"]) / 1e9 / (t1 - t0)
+    # its launching thread spends most of its time waiting for its own kernels, and says so
+    assert 0.5 <= inflight <= 1.05, f"waited {inflight:.2f} s/s for its kernels in flight"
+    assert w1["token"] == 0 and w1["anticipation"] == 0, w1
 
 
 def production_beside_mixed_kernels(simgpu, container, libshim, anticipate: bool,
@@ -334,18 +343,20 @@ def overlap_beside(simgpu, container, libshim, opp_work: Workload, name: str) ->
     o = simgpu.workload(opp_work, f"opp-{name}", opp.env(libshim.shim))
     simgpu.wait_for_contexts([f"prod-{name}", f"opp-{name}"])
     time.sleep(1.0)  # the opportunistic job's kernels timed
-    p0, o0, before = counters(prod), counters(opp), simgpu.status()
+    p0, o0, before = counters(prod), {**counters(opp), **waits(opp)}, simgpu.status()
     time.sleep(2.5)
-    p1, o1, after = counters(prod), counters(opp), simgpu.status()
+    p1, o1, after = counters(prod), {**counters(opp), **waits(opp)}, simgpu.status()
     o.kill()
     p.wait()
-    grew = lambda a, b: {k: (b[k] - a[k]) / 2.5 / 1e9 for k in ("busy_ns", "gated_ns", "overlap_ns")}  # noqa: E731
-    return grew(p0, p1), grew(o0, o1), sim.busy_between(before, after)[f"prod-{name}"] / 2.5
+    grew = lambda a, b, keys: {k: (b[k] - a[k]) / 2.5 / 1e9 for k in keys}  # noqa: E731
+    return (grew(p0, p1, ("busy_ns",)), grew(o0, o1, ("gated_ns", "overlap_ns", "inflight", "anticipation", "token")),
+            sim.busy_between(before, after)[f"prod-{name}"] / 2.5)
 
 
 def test_the_shims_count_what_sharing_does_to_production(simgpu, container, libshim):
     """Production counts the time it has unfinished work; an opportunistic job the time
-    it waits behind it, and the part of that its own work still runs beside it. Beside
+    it waits behind it, and the part of that its own work still runs beside it, and its
+    other waits by cause. Beside
     1 ms kernels, which anticipation starts only where they end before production is due,
     little runs beside production; kernels of 15 ms, too long for its 10 ms gaps, start
     in a gap and run into its next iteration (tgsd tells production's own falls from harm
@@ -354,6 +365,10 @@ def test_the_shims_count_what_sharing_does_to_production(simgpu, container, libs
     assert engine * 0.9 <= prod["busy_ns"] <= 0.8, f"production busy {prod['busy_ns']:.2f} s/s, engine {engine:.2f}"
     assert opp["gated_ns"] >= 0.8 * prod["busy_ns"], f"waited {opp['gated_ns']:.2f} s/s behind {prod['busy_ns']:.2f}"
     assert opp["overlap_ns"] <= 0.1 * prod["busy_ns"], f"1 ms kernels beside production {opp['overlap_ns']:.3f} s/s"
+    # it also says what else it waited for: its own kernels in flight (bound 2) for much of
+    # production's idle half, and about the last kernel's length of each 10 ms gap held back
+    # as it would meet production's next launch (0.06 s/s here)
+    assert 0.1 <= opp["inflight"] <= 0.5 and 0.01 <= opp["anticipation"] <= 0.2 and opp["token"] == 0, opp
     long_kernels = Workload(kernel_us=15000, kernels=20, seconds=8, report_s=0.5)
     prod, opp, _ = overlap_beside(simgpu, container, libshim, long_kernels, "long")
     assert opp["gated_ns"] >= 0.8 * prod["busy_ns"], f"waited {opp['gated_ns']:.2f} s/s behind {prod['busy_ns']:.2f}"

@@ -569,7 +569,8 @@ def test_status_schema(simgpu, tgsd, libshim):
     c = g["containers"][0]
     assert c["id"] == opp.id and c["class"] == "opportunistic"
     assert {"budget_blocks_per_s", "inflight_max", "progress_blocks_per_s", "attained_blocks", "memory", "syncs",
-            "iteration_starts", "busy_s", "gated_s", "beside_production_s"} <= set(c)
+            "iteration_starts", "busy_s", "gated_s", "beside_production_s", "inflight_wait_s", "anticipation_wait_s",
+            "token_wait_s"} <= set(c)
     assert {"footprint", "resident", "evicted", "quota", "vmm", "converted"} <= set(c["memory"])
     assert c["memory"]["converted"] is True, "an opportunistic container's memory is always converted"
     deadline = time.monotonic() + 10
@@ -579,6 +580,8 @@ def test_status_schema(simgpu, tgsd, libshim):
                            capture_output=True, text=True, timeout=30)
     assert opp.id in human.stdout and "opportunistic" in human.stdout
     assert "no in-flight bound" in human.stdout, "no production on the GPU: opportunistic work is not bounded"
+    assert ("waited 0.0 s behind production, 0.0 s at the in-flight bound, 0.0 s anticipating production, "
+            "0.0 s for tokens") in human.stdout, human.stdout
     d.stop()
     down = subprocess.run([sys.executable, "-m", "tgs_runtime", "status", "--state-dir", str(d.state_dir)],
                           capture_output=True, text=True, timeout=30)

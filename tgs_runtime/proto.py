@@ -127,9 +127,23 @@ class GpuCounters(Struct):
                 ("busy_ns", u64), ("gated_ns", u64), ("overlap_ns", u64)]
 
 
+# What an opportunistic container's launching threads wait for, in words, by the cause's
+# name: behind busy production (GpuCounters.gated_ns, per GPU), else ShimPart's
+# <cause>_wait_ns (the container's, all its GPUs together). `tgs status --json` shows each as
+# wait_key(cause) seconds (docs/status.md).
+WAIT_CAUSES = {"gated": "behind production", "inflight": "at the in-flight bound",
+               "anticipation": "anticipating production", "token": "for tokens"}
+
+
+def wait_key(cause: str) -> str:
+    """The status document's key of a wait cause's seconds."""
+    return "gated_s" if cause == "gated" else f"{cause}_wait_s"
+
+
 class ShimPart(Struct):
     _c_name_ = "tgs_shim_part"
-    _fields_ = [("processes", u32), ("pad", u32), ("reserved", u64 * 7), ("gpu", GpuCounters * MAX_GPUS)]
+    _fields_ = [("processes", u32), ("pad", u32), ("inflight_wait_ns", u64), ("anticipation_wait_ns", u64),
+                ("token_wait_ns", u64), ("reserved", u64 * 4), ("gpu", GpuCounters * MAX_GPUS)]
 
 
 class Control(Struct):

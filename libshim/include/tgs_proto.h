@@ -137,7 +137,13 @@ struct tgs_gpu_counters { /* written by the shims, read by tgsd; one cache line 
 struct tgs_shim_part {
     uint32_t processes; /* shims that said hello */
     uint32_t pad;
-    uint64_t reserved[7];
+    /* Opportunistic: what its launching threads waited for other than busy production
+     * (gated_ns), by cause, summed over its GPUs (in words that were reserved: 0 from older
+     * shims). A wait after which production is found busy counts in gated_ns as well. */
+    uint64_t inflight_wait_ns;     /* its own kernels in flight (the in-flight bound) */
+    uint64_t anticipation_wait_ns; /* holding back a kernel that would meet production's next launch */
+    uint64_t token_wait_ns;        /* tokens: tgsd's rate, or a paused budget */
+    uint64_t reserved[4];
     struct tgs_gpu_counters gpu[TGS_MAX_GPUS];
 };
 

@@ -10,6 +10,8 @@
  * launched on a capturing stream is neither counted nor throttled; a graph
  * launch costs the thread blocks of its kernel nodes, counted at instantiate. Only the
  * launching thread ever waits, by sleeping; while tokens remain no system call is made.
+ * It counts what it waited for: behind production (per GPU), and for its own kernels in
+ * flight, anticipation or tokens (per container: tgs_shim_part).
  *
  * Anticipation: a production process that goes idle says when it expects to launch again
  * (from its recent gaps between idle and launch); an opportunistic launch that would still
@@ -795,6 +797,12 @@ static int capturing(CUstream s) {
            st != CU_STREAM_CAPTURE_STATUS_NONE;
 }
 
+/* The launching thread waited `ns` for a cause other than production (tgs_shim_part). */
+static void count_wait(uint64_t *counter, uint64_t ns) {
+    if (ns)
+        __atomic_fetch_add(counter, ns, __ATOMIC_RELAXED);
+}
+
 /* The launching thread waited behind busy production for `gated` ns, `overlap` of which its
  * own queued work was running (tgs_proto.h: gated_ns, overlap_ns). */
 static void count_gated(struct tgs_gpu *g, uint64_t gated, uint64_t overlap) {
@@ -922,22 +930,32 @@ static uint64_t opportunistic_admit(struct tgs_gpu *g, struct launch *L, CUstrea
     int paid = 0; /* tokens are spent once per launch, however often production makes it wait */
     for (;;) {
         for (;;) {
+            uint64_t was = now;
+            int held = 0;
             if (must_wait_for_production(g, now))
                 wait_for_production(g, now, s);
-            else if (anticipate && (until = hold_back_until(g, now, k)))
+            else if (anticipate && (until = hold_back_until(g, now, k))) {
                 tgs_sleep_until(until);
-            else
+                held = 1;
+            } else {
                 break;
+            }
             now = tgs_now();
+            if (held)
+                count_wait(&g_tgs.shim->anticipation_wait_ns, now - was);
         }
         unsigned max = b->inflight_max;
         uint64_t before = now;
         L->bound_ns = (uint64_t)(max < TGS_INFLIGHT_RING ? max : TGS_INFLIGHT_RING) * TGS_INFLIGHT_QUANTUM_NS;
         L->cost_ns = max ? cost : 0;
-        if (max && inflight_wait(g, L->bound_ns, L->cost_ns))
+        if (max && inflight_wait(g, L->bound_ns, L->cost_ns)) {
             now = tgs_now();
+            count_wait(&g_tgs.shim->inflight_wait_ns, now - before);
+        }
         if (!paid) {
+            uint64_t was = now;
             take_tokens(g, blocks, &now);
+            count_wait(&g_tgs.shim->token_wait_ns, now - was);
             paid = 1;
         }
         /* production may have started, or come due, while this thread waited: look again

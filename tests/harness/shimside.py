@@ -209,5 +209,11 @@ def counters(c: ShimContainer, slot: int = 0) -> dict[str, int]:
     return {name: getattr(ctr, name) for name, _ in proto.GpuCounters._fields_ if name != "reserved"}
 
 
+def waits(c: ShimContainer) -> dict[str, int]:
+    """What its launching threads waited for other than production, ns by cause (all GPUs)."""
+    shim = c.control.shim
+    return {cause: getattr(shim, f"{cause}_wait_ns") for cause in ("inflight", "anticipation", "token")}
+
+
 def sizeof(t) -> int:
     return C.sizeof(t)

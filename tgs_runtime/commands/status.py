@@ -6,13 +6,19 @@ from pathlib import Path
 
 import click
 
-from tgs_runtime import config as configmod
+from tgs_runtime import config as configmod, proto
 from tgs_runtime.admin import AdminClient, DaemonUnavailable, Refused
 from tgs_runtime.units import format_size
 
 
 def _mem(n) -> str:
     return "-" if n is None else format_size(int(n))
+
+
+def _waited(c: dict) -> str:
+    """An opportunistic container's launching threads' waits since it started, by cause."""
+    return "waited " + ", ".join(f"{c.get(proto.wait_key(cause), 0):.1f} s {words}"
+                                 for cause, words in proto.WAIT_CAUSES.items())
 
 
 @click.command("status")
@@ -57,6 +63,8 @@ def status_cmd(as_json: bool, config_path: Path | None, state_dir: Path | None) 
             click.echo(f"  {c['id'][:20]:<20} {c['class']:<14} {c['processes']:>5} {budget:>10} "
                        f"{c['progress_blocks_per_s']:>11.0f} {_mem(m['footprint']):>10} {_mem(m['resident']):>9} "
                        f"{_mem(m['evicted']):>8}")
+            if c["class"] == "opportunistic":
+                click.echo("    " + _waited(c))
 
 
 def register(group: click.Group) -> None:

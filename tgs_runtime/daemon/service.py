@@ -728,6 +728,7 @@ class Daemon:
             members = []
             for c, slot in self._on(uuid):
                 ctr = c.control.counters(slot)
+                shim = c.control.shim
                 b = c.control.budget(slot)
                 on = [r for r in c.ranges.values() if r.gpu_slot == slot]
                 members.append({
@@ -742,6 +743,8 @@ class Daemon:
                     "syncs": ctr.syncs, "iteration_starts": ctr.mark_seq // 2,
                     "busy_s": round(ctr.busy_ns / 1e9, 3), "gated_s": round(ctr.gated_ns / 1e9, 3),
                     "beside_production_s": round(ctr.overlap_ns / 1e9, 3),
+                    **{proto.wait_key(cause): round(getattr(shim, f"{cause}_wait_ns") / 1e9, 3)
+                       for cause in proto.WAIT_CAUSES if cause != "gated"},
                     "memory": {"footprint": c.footprint(slot), "quota": b.mem_quota_bytes or None,
                                "resident": sum(r.resident for r in on), "evicted": sum(r.evicted for r in on),
                                "vmm": ctr.vmm_bytes, "converted": c.converts()},

@@ -83,6 +83,26 @@ def test_managed_memory_oversubscribes_and_migrates(simgpu, fault):
     assert ctx["migrate_ns"] > 0
 
 
+def test_time_on_the_bus_is_counted_as_the_engine_runs_it(simgpu):
+    """A context's time moving or reading managed memory over the bus is a part of its
+    engine time in any window of its accounting: counted when the kernel was launched, a
+    window that took in launches and not yet their run read more time on the bus than on
+    the engine (the oversubscription benchmark's 'on the bus' share above 1.00)."""
+    simgpu.memory = "512M"
+    w = Workload(kernel_us=100, kernels=4, seconds=3, param_mb=400, act_mb=300, managed=True, report_s=0.5)
+    p = simgpu.workload(w, "over")
+    simgpu.wait_for_contexts(["over"])
+    snaps = []
+    while p.returncode is None:
+        snaps.append(simgpu.context("over"))
+        time.sleep(0.005)
+    assert p.wait() == 0
+    grew = [(b["migrate_ns"] - a["migrate_ns"], b["busy_ns"] - a["busy_ns"]) for a, b in zip(snaps, snaps[1:])]
+    assert sum(m for m, _ in grew) > 0.5 * sum(b for _, b in grew), "mostly on the bus: it thrashes its own pages"
+    over = [(m, b) for m, b in grew if m > b]
+    assert not over, f"{len(over)} of {len(grew)} windows with more time on the bus than on the engine: {over[:5]}"
+
+
 def test_thrashing_between_processes_is_visible(simgpu):
     """Two managed workloads that each fit, but not together, evict each other's pages
     (in the order pages became resident, across all contexts) and both run slower than alone."""

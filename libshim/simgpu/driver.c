@@ -684,9 +684,9 @@ CUresult drv_stream(CUstream s, struct sim_stream **out) {
 
 static void events_item_gone(struct sim_context *c, uint64_t seq, uint64_t end_ns);
 
-CUresult drv_submit(struct sim_context *c, struct sim_stream *s, int64_t ns, uint32_t blocks) {
+CUresult drv_submit(struct sim_context *c, struct sim_stream *s, int64_t ns, int64_t bus_ns, uint32_t blocks) {
     uint64_t head, gone_seq, gone_end = 0;
-    CUresult r = eng_submit(drv_device(c), c->slot, c->gen, ns, blocks, &head, &gone_seq, &gone_end);
+    CUresult r = eng_submit(drv_device(c), c->slot, c->gen, ns, bus_ns, blocks, &head, &gone_seq, &gone_end);
     if (r == CUDA_SUCCESS)
         s->last_head = head;
     if (gone_seq != UINT64_MAX)
@@ -1288,7 +1288,7 @@ static uint32_t u32_at(const unsigned char *b, size_t off) {
 /* Runs one kernel: its data effects now, its time on the engine. */
 static CUresult exec_launch(struct sim_context *c, struct sim_stream *s, const struct sim_launch *L) {
     double scale = g_sim.st->set.time_scale;
-    int64_t ns = (int64_t)(SIM_DEFAULT_KERNEL_NS * scale);
+    int64_t ns = (int64_t)(SIM_DEFAULT_KERNEL_NS * scale), bus = 0; /* bus: its time moving memory */
     if (L->fn->kind == K_SPIN) {
         ns = (int64_t)((double)u64_at(L->params, 0) * scale);
     } else if (L->fn->kind == K_STEP) {
@@ -1303,9 +1303,10 @@ static CUresult exec_launch(struct sim_context *c, struct sim_stream *s, const s
         if (r != CUDA_SUCCESS)
             return r;
         ns += extra;
+        bus = extra;
     }
     uint64_t blocks = (uint64_t)L->grid[0] * L->grid[1] * L->grid[2];
-    return drv_submit(c, s, ns, blocks > 0xffffffffu ? 0xffffffffu : (uint32_t)blocks);
+    return drv_submit(c, s, ns, bus, blocks > 0xffffffffu ? 0xffffffffu : (uint32_t)blocks);
 }
 
 static struct sim_gnode *graph_add(struct sim_graph *g, const struct sim_launch *L);

@@ -105,7 +105,8 @@ SIM_HIDDEN CUresult drv_check(void); /* initialised and not a fork child */
 SIM_HIDDEN CUresult drv_current(struct sim_context **out);
 SIM_HIDDEN struct sim_device *drv_device(struct sim_context *c);
 SIM_HIDDEN CUresult drv_stream(CUstream s, struct sim_stream **out);
-SIM_HIDDEN CUresult drv_submit(struct sim_context *c, struct sim_stream *s, int64_t ns, uint32_t blocks);
+SIM_HIDDEN CUresult drv_submit(struct sim_context *c, struct sim_stream *s, int64_t ns, int64_t bus_ns,
+                               uint32_t blocks);
 SIM_HIDDEN void drv_wait_context(struct sim_context *c);
 
 /* memory.c */

@@ -73,6 +73,14 @@ static int other_ready(struct sim_device *d, const struct eng_view *v, int32_t c
     return 0;
 }
 
+/* Of a kernel's run from `was` to `now` ns before its end, the part on the bus (its last
+ * `bus` ns): migrate_ns grows with busy_ns, so that no window of a context's accounting
+ * has more time on the bus than on the engine. */
+static uint64_t bus_part(int64_t bus, int64_t was, int64_t now) {
+    int64_t a = was < bus ? was : bus, b = now <= 0 ? 0 : now < bus ? now : bus;
+    return a > b ? (uint64_t)(a - b) : 0;
+}
+
 /* Runs the timeline in v from v->t up to `until`, or until context `tgt` has completed
  * everything below `tgt_head` (tgt < 0: no target). Returns the time the target was
  * reached, or UINT64_MAX. With commit set, completions and busy time are accounted
@@ -111,12 +119,14 @@ static uint64_t run(struct sim_device *d, struct eng_view *v, uint64_t until, in
         if (end > until)
             end = until;
         uint64_t dt = end - v->t;
+        struct sim_ctx *cx = &d->ctx[c];
+        int64_t was = v->rem[c];
         v->rem[c] -= (int64_t)dt;
         v->t = end;
-        struct sim_ctx *cx = &d->ctx[c];
         if (commit) {
             cx->busy_ns += dt;
             d->busy_ns += dt;
+            cx->migrate_ns += bus_part(cx->q[v->head[c] % SIM_QCAP].bus_ns, was, v->rem[c]);
             if (others)
                 FOR_LIVE(d, i)
                     if ((int32_t)i != c && ready(d, v, (int32_t)i))
@@ -174,7 +184,7 @@ static int still_mine(struct sim_device *d, uint32_t slot, uint32_t gen) {
     return d->ctx[slot].state == CTX_LIVE && d->ctx[slot].gen == gen;
 }
 
-CUresult eng_submit(struct sim_device *d, uint32_t slot, uint32_t gen, int64_t dur_ns, uint32_t blocks,
+CUresult eng_submit(struct sim_device *d, uint32_t slot, uint32_t gen, int64_t dur_ns, int64_t bus_ns, uint32_t blocks,
                     uint64_t *done_head, uint64_t *gone_seq, uint64_t *gone_end_ns) {
     *gone_seq = UINT64_MAX;
     for (;;) {
@@ -194,6 +204,7 @@ CUresult eng_submit(struct sim_device *d, uint32_t slot, uint32_t gen, int64_t d
             }
             it->seq = c->tail;
             it->remaining_ns = dur_ns > 0 ? dur_ns : 0;
+            it->bus_ns = bus_ns > 0 ? bus_ns : 0;
             it->end_ns = 0;
             it->blocks = blocks;
             it->flags = 0;

@@ -610,7 +610,6 @@ CUresult mem_kernel_touch(struct sim_context *c, CUdeviceptr p, uint64_t bytes, 
         add_words(data + (at - (a->base + (uintptr_t)i * SIM_PAGE)), at, n, stride, delta);
         at += n;
     }
-    d->ctx[c->slot].migrate_ns += (uint64_t)cost;
     sim_unlock_device(d);
     pthread_mutex_unlock(&g_mem_lock);
     *extra_ns += cost;

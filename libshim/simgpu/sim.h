@@ -29,7 +29,7 @@
 
 /* ---- constants of the shared state (documented in docs/simgpu.md) ---- */
 #define SIM_MAGIC 0x31305550474d4953ULL /* "SIMGPU01" */
-#define SIM_STATE_VERSION 4u
+#define SIM_STATE_VERSION 5u
 #define SIM_SLOW_LAUNCH_US 5000 /* SIMGPU_FAULT=slow-launch: what a launch call takes */
 #define SIM_MAX_DEVICES 8
 #define SIM_MAX_PROCS 256
@@ -48,6 +48,7 @@ enum sim_frame_state { FRAME_FREE = 0, FRAME_USED = 1 };
 struct sim_item { /* one kernel (or graph node) in a context's queue */
     uint64_t seq;
     int64_t remaining_ns;
+    int64_t bus_ns; /* of its time, moving or reading managed memory over the bus: its last part, as counted */
     uint64_t end_ns;
     uint32_t blocks;
     uint32_t flags;
@@ -71,7 +72,8 @@ struct sim_ctx { /* one CUDA context's slot on a device */
     uint64_t resident_pages; /* managed pages resident on this device */
     uint64_t pages_in, pages_out; /* migrations to / evictions from the device */
     uint64_t remote_bytes;   /* managed bytes the GPU read over the bus without migrating */
-    uint64_t migrate_ns;     /* kernel time spent waiting for page migrations */
+    uint64_t migrate_ns;     /* engine time its kernels spent moving or reading managed memory over the
+                              * bus, counted as they run (never more than busy_ns) */
     uint64_t waited_ns;      /* time its kernels were queued while the engine ran another context's */
     struct sim_sample util[SIM_UTIL_SAMPLES];
     uint32_t util_head, pad;
@@ -188,7 +190,7 @@ SIM_HIDDEN void eng_advance(struct sim_device *d, uint64_t now);
 SIM_HIDDEN uint64_t eng_predict(struct sim_device *d, uint32_t slot, uint64_t head);
 /* Both take the device lock themselves. */
 SIM_HIDDEN CUresult eng_submit(struct sim_device *d, uint32_t slot, uint32_t gen, int64_t dur_ns,
-                               uint32_t blocks, uint64_t *done_head, uint64_t *gone_seq, uint64_t *gone_end_ns);
+                               int64_t bus_ns, uint32_t blocks, uint64_t *done_head, uint64_t *gone_seq, uint64_t *gone_end_ns);
 SIM_HIDDEN void eng_wait(struct sim_device *d, uint32_t slot, uint32_t gen, uint64_t head);
 SIM_HIDDEN int eng_done(struct sim_device *d, uint32_t slot, uint32_t gen, uint64_t head);
 SIM_HIDDEN uint64_t eng_end_time(struct sim_device *d, uint32_t slot, uint64_t head);

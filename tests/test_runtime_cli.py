@@ -354,3 +354,21 @@ def test_with_no_lower_runtime_installed_the_error_names_each_tried(libshim, tmp
     assert p.returncode != 0
     message = f"no lower runtime found (tried {tmp_path}/a/runc, no-such-runtime"
     assert message in p.stderr and message in log.read_text()
+
+
+@pytest.mark.parametrize("program", ["tgs-runtime", "tgs-runtime-create"])
+def test_a_lower_runtime_that_cannot_run_is_named_with_the_reason(libshim, tmp_path, program):
+    """An installed lower runtime the kernel cannot execute (a broken download, a binary of
+    another architecture) fails every container with its path and the system's reason."""
+    broken = tmp_path / "bin" / "runc"
+    broken.parent.mkdir()
+    broken.write_bytes(b"\x7fELF not really\n")
+    broken.chmod(0o755)
+    config = tmp_path / "tgs.toml"
+    config.write_text(f"[runtime]\nlower_runtime = [\"{broken}\"]\n")
+    log = tmp_path / "runtime.log"
+    p = subprocess.run([str(libshim.root / program), "--tgs-config", str(config), "--log", str(log), "state",
+                        CONTAINER_ID], capture_output=True, text=True, timeout=60)
+    assert p.returncode != 0
+    assert f"cannot run {broken}: Exec format error" in p.stderr, p.stderr
+    assert f"cannot run {broken}" in log.read_text()

@@ -83,6 +83,15 @@ static void report(const char *msg) {
     close(fd);
 }
 
+/* Execs `path`; where that fails, says why (then `hint`) and returns 127. */
+static int exec_or_say(const char *path, char **argv, const char *hint) {
+    execv(path, argv);
+    char msg[PATH_MAX + 160];
+    snprintf(msg, sizeof msg, "cannot run %s: %s%s", path, strerror(errno), hint);
+    report(msg);
+    return 127;
+}
+
 static int create_takes_value(const char *opt) {
     static const char *with_value[] = {"--console-socket", "--pid-file", "--preserve-fds", NULL};
     for (int i = 0; with_value[i]; i++)
@@ -228,11 +237,7 @@ int main(int argc, char **argv) {
                 if (!readable && access(create, X_OK) != 0)
                     goto lower_runtime;
                 argv[0] = create;
-                execv(create, argv);
-                char msg[PATH_MAX + 128];
-                snprintf(msg, sizeof msg, "cannot run %s: %s (reinstall with `tgs setup docker`)", create, strerror(errno));
-                report(msg);
-                return 127;
+                return exec_or_say(create, argv, " (reinstall with `tgs setup docker`)");
             }
         }
     }
@@ -240,9 +245,5 @@ lower_runtime:
     if (!find_lower(toml, lower, sizeof lower, tgs_config))
         return 127;
     out[0] = lower;
-    execv(lower, out);
-    char msg[PATH_MAX + 128];
-    snprintf(msg, sizeof msg, "cannot run %s: %s", lower, strerror(errno));
-    report(msg);
-    return 127;
+    return exec_or_say(lower, out, "");
 }

@@ -243,6 +243,9 @@ enum streams_state {
     STREAMS_UNKNOWN, /* none said busy, but not all could be asked */
 };
 
+/* The streams are asked under the lock: cuStreamDestroy's wrapper forgets a stream under
+ * it before destroying it, so none is destroyed (and its handle reused) while it is asked.
+ * A few streams' queries, each without waiting, are what another thread may wait for. */
 static enum streams_state streams_state(struct tgs_gpu *g, CUcontext ctx) {
     if (__atomic_load_n(&g_tgs.captures, __ATOMIC_RELAXED))
         return STREAMS_UNKNOWN; /* asking a capturing stream would invalidate its capture */

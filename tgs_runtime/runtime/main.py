@@ -86,13 +86,17 @@ def main(argv: list[str] | None = None) -> None:
         lower = lower_runtime(cfg.runtime.lower_runtime)
         if args.subcommand in ("create", "run"):
             set_up(args, cfg)
-        os.execv(lower, [lower, *args.argv])
+        try:
+            os.execv(lower, [lower, *args.argv])
+        except OSError as e:  # as the launcher says it (libshim/runtime/launcher.c)
+            report(args, f"cannot run {lower}: {e.strerror}")
+            sys.exit(127)
     except Failure as e:
         report(args, str(e))
         sys.exit(1)
-    except OSError as e:
-        report(args, f"cannot run the lower runtime: {e}")
-        sys.exit(127)
+    except OSError as e:  # not foreseen above: still one line, and the log's
+        report(args, str(e))
+        sys.exit(1)
 
 
 if __name__ == "__main__":  # pragma: no cover

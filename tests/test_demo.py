@@ -7,6 +7,7 @@ import re
 import subprocess
 import sys
 
+from harness.demotable import demo_rows
 from tgs_runtime.paths import REPO_ROOT
 
 
@@ -19,7 +20,7 @@ def test_demo_shows_tgs_protecting_production(libshim):
     assert "simgpu" in text and "simulated" in text, "a run without a GPU says it is simulated"
     assert re.search(r"TGS\s+production\s+\d+\.\d+s\s+[\d.]+ it/s", text), "live progress of the TGS phase"
     assert "TGS containers: plain processes with the shim" in text
-    rows = _rows(text)
+    rows = demo_rows(text)
     assert set(rows) == {"exclusive", "co-execution", "TGS"}, text
     tgs_prod, tgs_opp = rows["TGS"][1], rows["TGS"][3]
     co_prod = rows["co-execution"][1]
@@ -27,11 +28,6 @@ def test_demo_shows_tgs_protecting_production(libshim):
     assert tgs_prod > co_prod, "TGS protects production better than no control"
     assert tgs_opp >= 0.2, f"the opportunistic job got {tgs_opp} of its exclusive throughput"
     assert "With TGS, production kept" in text
-
-
-def _rows(text: str) -> dict[str, list[float]]:
-    return {m.group(1): [float(x) for x in m.group(2, 3, 4, 5)]
-            for m in re.finditer(r"^(exclusive|co-execution|TGS)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)", text, re.M)}
 
 
 def test_demo_through_docker_with_the_tgs_runtime(docker):
@@ -45,7 +41,7 @@ def test_demo_through_docker_with_the_tgs_runtime(docker):
     assert out.returncode == 0, out.stderr[-3000:]
     assert "TGS containers: docker run --runtime=tgs." in out.stdout
     assert str(tgsd.simgpu.state) in out.stdout, "it runs on the GPU of the runtime's tgsd"
-    rows = _rows(out.stdout)
+    rows = demo_rows(out.stdout)
     assert set(rows) == {"exclusive", "co-execution", "TGS"}, out.stdout
     assert rows["TGS"][1] >= 0.85 and rows["TGS"][1] > rows["co-execution"][1], out.stdout
     assert rows["TGS"][3] >= 0.2, out.stdout

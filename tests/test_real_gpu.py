@@ -5,10 +5,12 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+import sys
 import time
 
 import pytest
 
+from harness.demotable import demo_rows
 from harness.hostgpu import HostGpu, share_one_gpu_through_docker
 from tgs_runtime.sim import real_gpu_reason
 from tgs_runtime.workload import Workload, summary
@@ -65,3 +67,21 @@ def test_docker_runs_tgs_containers_on_a_real_gpu(libshim, c_programs, tmp_path)
     from tgs_runtime.childd import own_config
 
     share_one_gpu_through_docker(HostGpu.real(), own_config(None, budget="4G"), libshim, c_programs("maps.c"), tmp_path)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(real_gpu_reason() is not None, reason=str(real_gpu_reason()))
+def test_the_demo_runs_on_a_real_gpu(libshim):
+    """The README's first command on a machine with a GPU uses the GPU: its three phases on
+    the real driver, TGS through libtgs.so with a tgsd of the demo's own."""
+    from tgs_runtime.paths import REPO_ROOT
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("TGS_", "SIMGPU_")) and k != "LD_LIBRARY_PATH"}
+    out = subprocess.run([sys.executable, "-m", "tgs_runtime", "demo", "--seconds", "4", "--via", "processes"],
+                         cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "Running on this machine's NVIDIA GPU" in out.stdout and "simulated" not in out.stdout, out.stdout
+    rows = demo_rows(out.stdout)
+    assert set(rows) == {"exclusive", "co-execution", "TGS"}, out.stdout
+    assert rows["TGS"][1] >= 0.85, f"production kept {rows['TGS'][1]} of exclusive under TGS:\n{out.stdout}"
+    assert rows["TGS"][3] >= 0.1, f"the opportunistic job got {rows['TGS'][3]} of its exclusive:\n{out.stdout}"

@@ -67,7 +67,7 @@ async def set_up(cid: str | None, bundle: Path, cfg, reserve: Callable[[str, spe
                  release: Callable[[str], Awaitable[None]]) -> str | None:
     """Reserves and edits the container if it asks for TGS; returns its class, or None.
     Raises Failure with the user's message; a failed edit releases the reservation."""
-    # file work off the caller's event loop (tgsd's control loop must not wait on an fsync)
+    # file work off the caller's event loop (tgsd's control loop must not wait on a bundle's disk)
     asked = await asyncio.to_thread(ask, bundle, cfg)
     if asked is None:
         return None

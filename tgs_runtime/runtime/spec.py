@@ -5,7 +5,6 @@ against golden files). The spec is edited as plain data: fields TGS does not kno
 Which containers ask for TGS, and as what, is decided here too (`classify`)."""
 from __future__ import annotations
 
-import copy
 import json
 import os
 import posixpath
@@ -215,6 +214,23 @@ class Setup:
     preload_lines: list[str] = field(default_factory=list)  # the image's own /etc/ld.so.preload
 
 
+def _editable(spec: Spec) -> Spec:
+    """A copy of the spec that a modifier may change: new containers where modifiers change
+    things (the spec, its mounts, process and env, hooks and each stage's list), shared
+    entries (which are replaced, never changed). A deep copy in each modifier took 5 ms of
+    every create (a 10 kB spec, seven modifiers)."""
+    out = dict(spec)
+    if isinstance(out.get("mounts"), list):
+        out["mounts"] = list(out["mounts"])
+    if isinstance(out.get("process"), dict):
+        out["process"] = process = dict(out["process"])
+        if isinstance(process.get("env"), list):
+            process["env"] = list(process["env"])
+    if isinstance(out.get("hooks"), dict):
+        out["hooks"] = {stage: list(v) if isinstance(v, list) else v for stage, v in out["hooks"].items()}
+    return out
+
+
 def _mounts(spec: Spec) -> list:
     return spec.setdefault("mounts", [])
 
@@ -233,14 +249,14 @@ def _set_env(spec: Spec, name: str, value: str) -> None:
 
 def mount_shim(spec: Spec, s: Setup) -> Spec:
     """libtgs.so, read-only, at the path the preload names."""
-    spec = copy.deepcopy(spec)
+    spec = _editable(spec)
     _bind(spec, str(s.shim_path), SHIM_IN_CONTAINER, ro=True)
     return spec
 
 
 def mount_container_dir(spec: Spec, s: Setup) -> Spec:
     """The container's own directory (socket, control block) at /run/tgs."""
-    spec = copy.deepcopy(spec)
+    spec = _editable(spec)
     _bind(spec, str(s.container_dir), proto.CONTAINER_DIR, ro=False)
     return spec
 
@@ -250,7 +266,7 @@ def preload(spec: Spec, s: Setup) -> Spec:
     the shim and then whatever the image's own file holds. glibc's loader alone reads that
     file, so static and musl binaries are untouched (an LD_PRELOAD variable would break
     musl ones). The combined file is written into the container's directory."""
-    spec = copy.deepcopy(spec)
+    spec = _editable(spec)
     lines = [SHIM_IN_CONTAINER] + [l for l in s.preload_lines if l and l != SHIM_IN_CONTAINER]
     target = s.container_dir / "ld.so.preload"
     target.write_text("\n".join(lines) + "\n")
@@ -261,7 +277,7 @@ def preload(spec: Spec, s: Setup) -> Spec:
 def hooks(spec: Spec, s: Setup) -> Spec:
     """createRuntime: attach (tgsd learns the init pid); poststop: deregister. Absolute
     paths, an explicit PATH and a timeout; inserted once however often this runs."""
-    spec = copy.deepcopy(spec)
+    spec = _editable(spec)
     all_hooks = spec.setdefault("hooks", {})
     base = ["tgs-hook"] + (["--tgs-config", str(s.config_path)] if s.config_path else [])
     for stage, arg in (("createRuntime", "createRuntime"), ("poststop", "poststop")):
@@ -274,7 +290,7 @@ def hooks(spec: Spec, s: Setup) -> Spec:
 
 def environment(spec: Spec, s: Setup) -> Spec:
     """The class as TGS decided it, and where the container's directory is."""
-    spec = copy.deepcopy(spec)
+    spec = _editable(spec)
     _set_env(spec, CLASS_ENV, s.cls)
     _set_env(spec, "TGS_DIR", proto.CONTAINER_DIR)
     return spec
@@ -282,7 +298,7 @@ def environment(spec: Spec, s: Setup) -> Spec:
 
 def mount_activity(spec: Spec, s: Setup) -> Spec:
     """Each GPU's production activity file: writable for production, read-only otherwise."""
-    spec = copy.deepcopy(spec)
+    spec = _editable(spec)
     for uuid in s.gpus:
         _bind(spec, s.activity[uuid], f"{proto.CONTAINER_DIR}/{proto.ACTIVITY_DIR}/{uuid}",
               ro=s.cls != "production")
@@ -294,7 +310,7 @@ def simgpu(spec: Spec, s: Setup) -> Spec:
     real driver, and only the container's GPUs visible."""
     if not s.sim_state or not s.sim_lib_dir:
         return spec
-    spec = copy.deepcopy(spec)
+    spec = _editable(spec)
     for lib in ("libcuda.so.1", "libnvidia-ml.so.1"):
         _bind(spec, str(Path(s.sim_lib_dir) / lib), f"{SIM_LIBS_IN_CONTAINER}/{lib}", ro=True)
     _bind(spec, str(s.sim_state), str(s.sim_state), ro=False)
@@ -346,12 +362,13 @@ def read(bundle: Path) -> Spec:
 
 
 def write(bundle: Path, spec: Spec) -> None:
-    """Atomically: a complete new file renamed over the old one."""
+    """Atomically: a complete new file renamed over the old one. Not synced to disk: a
+    bundle lives as long as its container, which a crash of the host ends (the engine
+    writes a new bundle to start it again), and an fsync cost 1.5-2.5 ms of every create
+    where bundles are on a disk (podman's; docker's where /run is not a tmpfs)."""
     path = bundle / "config.json"
     tmp = bundle / f".config.json.tgs-{os.getpid()}"
     with open(tmp, "w") as f:
-        json.dump(spec, f)
-        f.flush()
-        os.fsync(f.fileno())
+        f.write(json.dumps(spec))  # json.dump writes piece by piece: ten times slower
     os.chmod(tmp, path.stat().st_mode & 0o7777)
     os.replace(tmp, path)

@@ -580,7 +580,7 @@ def test_status_schema(simgpu, tgsd, libshim):
                            capture_output=True, text=True, timeout=30)
     assert opp.id in human.stdout and "opportunistic" in human.stdout
     assert "no in-flight bound" in human.stdout, "no production on the GPU: opportunistic work is not bounded"
-    assert ("waited 0.0 s behind production, 0.0 s at the in-flight bound, 0.0 s anticipating production, "
+    assert ("since it started, waited 0.0 s behind production, 0.0 s at the in-flight bound, 0.0 s anticipating production, "
             "0.0 s for tokens") in human.stdout, human.stdout
     d.stop()
     down = subprocess.run([sys.executable, "-m", "tgs_runtime", "status", "--state-dir", str(d.state_dir)],

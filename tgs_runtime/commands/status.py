@@ -17,7 +17,7 @@ def _mem(n) -> str:
 
 def _waited(c: dict) -> str:
     """An opportunistic container's launching threads' waits since it started, by cause."""
-    return "waited " + ", ".join(f"{c.get(proto.wait_key(cause), 0):.1f} s {words}"
+    return "since it started, waited " + ", ".join(f"{c.get(proto.wait_key(cause), 0):.1f} s {words}"
                                  for cause, words in proto.WAIT_CAUSES.items())
 
 

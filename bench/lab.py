@@ -166,9 +166,8 @@ class ControllerTrace:
         waiting behind it, its work beside it, and its launching threads' other waits by
         cause (WAITS; summed over the opportunistic containers). None: fewer than two
         samples."""
-        others = [k for k in WAITS if k != "gated"]
         keys = ("production_busy_per_s", "production_iteration_starts_per_s", "opportunistic_gated_per_s",
-                "opportunistic_beside_per_s", *(f"opportunistic_{k}_per_s" for k in others))
+                "opportunistic_beside_per_s", *(f"opportunistic_{k}_per_s" for k in proto.SHIM_WAITS))
         if len(inside) < 2 or inside[-1][0] <= inside[0][0]:
             return dict.fromkeys(keys)
         (t0, g0), (t1, g1) = inside[0], inside[-1]
@@ -183,7 +182,7 @@ class ControllerTrace:
                                round(sum(d["iteration_starts"] for d in prod) / dt, 2),
                                round(sum(d["gated_s"] for d in opp) / dt, 3),
                                round(sum(d["beside_production_s"] for d in opp) / dt, 4),
-                               *(round(sum(d[WAITS[k]] for d in opp) / dt, 3) for k in others))))
+                               *(round(sum(d[WAITS[k]] for d in opp) / dt, 3) for k in proto.SHIM_WAITS))))
 
     @staticmethod
     def describe(s: dict) -> str:
@@ -196,7 +195,7 @@ class ControllerTrace:
                    f"{s['production_iteration_starts_per_s']:g} iterations/s, the opportunistic "
                    f"ones waited behind it {s['opportunistic_gated_per_s']:g} s/s with their own work beside it "
                    f"{s['opportunistic_beside_per_s']:g} s/s, and "
-                   + _waits({k: s.get(f"opportunistic_{k}_per_s") for k in WAITS if k != "gated"}))
+                   + _waits({k: s.get(f"opportunistic_{k}_per_s") for k in proto.SHIM_WAITS}))
         return (f"the opportunistic shims watched production in {s['watched']} of {s['samples']} status samples"
                 + ("" if beside is None else f" (the controller's figure beside it: {beside:g} s/s, median)")
                 + counted + f"; in-flight bound {s['inflight_max']}; rate unlimited in {s['unlimited']}"

@@ -133,6 +133,7 @@ class GpuCounters(Struct):
 # wait_key(cause) seconds (docs/status.md).
 WAIT_CAUSES = {"gated": "behind production", "inflight": "at the in-flight bound",
                "anticipation": "anticipating production", "token": "for tokens"}
+SHIM_WAITS = ("inflight", "anticipation", "token")  # those counted in ShimPart
 
 
 def wait_key(cause: str) -> str:

@@ -744,7 +744,7 @@ class Daemon:
                     "busy_s": round(ctr.busy_ns / 1e9, 3), "gated_s": round(ctr.gated_ns / 1e9, 3),
                     "beside_production_s": round(ctr.overlap_ns / 1e9, 3),
                     **{proto.wait_key(cause): round(getattr(shim, f"{cause}_wait_ns") / 1e9, 3)
-                       for cause in proto.WAIT_CAUSES if cause != "gated"},
+                       for cause in proto.SHIM_WAITS},
                     "memory": {"footprint": c.footprint(slot), "quota": b.mem_quota_bytes or None,
                                "resident": sum(r.resident for r in on), "evicted": sum(r.evicted for r in on),
                                "vmm": ctr.vmm_bytes, "converted": c.converts()},

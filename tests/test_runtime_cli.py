@@ -344,16 +344,22 @@ def test_by_default_the_gpu_operators_nvidia_runtime_is_tried_before_runc(libshi
         assert f"no lower runtime found (tried nvidia-container-runtime, {GPU_OPERATOR_RUNTIME}, runc;" in p.stderr
 
 
-@pytest.mark.parametrize("program", ["tgs-runtime", "tgs-runtime-create"])
-def test_with_no_lower_runtime_installed_the_error_names_each_tried(libshim, tmp_path, program):
+def _state_under(libshim, tmp_path, program: str, lower: list[str]) -> tuple[subprocess.CompletedProcess, str]:
+    """`state` through `program` with [runtime] lower_runtime = lower: the run, and its log."""
     config = tmp_path / "tgs.toml"
-    config.write_text(f"[runtime]\nlower_runtime = [\"{tmp_path}/a/runc\", \"no-such-runtime\"]\n")
+    config.write_text("[runtime]\nlower_runtime = [" + ", ".join(f'"{x}"' for x in lower) + "]\n")
     log = tmp_path / "runtime.log"
     p = subprocess.run([str(libshim.root / program), "--tgs-config", str(config), "--log", str(log), "state",
                         CONTAINER_ID], capture_output=True, text=True, timeout=60)
+    return p, log.read_text() if log.exists() else ""
+
+
+@pytest.mark.parametrize("program", ["tgs-runtime", "tgs-runtime-create"])
+def test_with_no_lower_runtime_installed_the_error_names_each_tried(libshim, tmp_path, program):
+    p, log = _state_under(libshim, tmp_path, program, [f"{tmp_path}/a/runc", "no-such-runtime"])
     assert p.returncode != 0
     message = f"no lower runtime found (tried {tmp_path}/a/runc, no-such-runtime"
-    assert message in p.stderr and message in log.read_text()
+    assert message in p.stderr and message in log
 
 
 @pytest.mark.parametrize("program", ["tgs-runtime", "tgs-runtime-create"])
@@ -364,11 +370,7 @@ def test_a_lower_runtime_that_cannot_run_is_named_with_the_reason(libshim, tmp_p
     broken.parent.mkdir()
     broken.write_bytes(b"\x7fELF not really\n")
     broken.chmod(0o755)
-    config = tmp_path / "tgs.toml"
-    config.write_text(f"[runtime]\nlower_runtime = [\"{broken}\"]\n")
-    log = tmp_path / "runtime.log"
-    p = subprocess.run([str(libshim.root / program), "--tgs-config", str(config), "--log", str(log), "state",
-                        CONTAINER_ID], capture_output=True, text=True, timeout=60)
+    p, log = _state_under(libshim, tmp_path, program, [str(broken)])
     assert p.returncode != 0
     assert f"cannot run {broken}: Exec format error" in p.stderr, p.stderr
-    assert f"cannot run {broken}" in log.read_text()
+    assert f"cannot run {broken}" in log

@@ -27,7 +27,9 @@ def _waited(c: dict) -> str:
               help="Config file naming tgsd's state_dir (default /etc/tgs/config.toml).")
 @click.option("--state-dir", type=click.Path(file_okay=False, path_type=Path), help="tgsd's state_dir.")
 def status_cmd(as_json: bool, config_path: Path | None, state_dir: Path | None) -> None:
-    """Show each GPU: its containers, class, budget, progress, memory resident and evicted."""
+    """Show each GPU: its containers, class, budget, progress, memory resident and evicted, and
+    what each opportunistic container has waited for (behind production, at the in-flight
+    bound, anticipating production, for tokens)."""
     try:
         if state_dir is None:
             state_dir = configmod.load(config_path).daemon.state_dir

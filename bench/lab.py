@@ -142,13 +142,13 @@ class ControllerTrace:
     @staticmethod
     def _by_bound(inside: list[tuple[float, dict]]) -> dict:
         """Under each in-flight bound, the opportunistic containers' blocks per second and
-        their launching threads' waits by cause, in seconds per second (WAITS): each stretch
+        their launching threads' waits by cause, in seconds per second (proto.WAIT_CAUSES): each stretch
         between two samples counted under the bound of its first (the bound a deeper trial of
         tgsd's is judged by: did the job gain by it, and where did its time go?)."""
         def opp(g: dict, key: str) -> float:
             return sum(c.get(key, 0) for c in g["containers"] if c["class"] == "opportunistic")
 
-        keys = ("attained_blocks", *WAITS.values())
+        keys = ("attained_blocks", *map(proto.wait_key, proto.WAIT_CAUSES))
         done: dict[str, Counter] = {}
         took: Counter = Counter()
         for (t0, g0), (t1, g1) in zip(inside, inside[1:]):
@@ -156,7 +156,8 @@ class ControllerTrace:
             done.setdefault(bound, Counter()).update({k: opp(g1, k) - opp(g0, k) for k in keys})
             took[bound] += t1 - t0
         return {b: {"blocks_per_s": round(done[b]["attained_blocks"] / took[b]),
-                    **{f"{cause}_per_s": round(done[b][key] / took[b], 3) for cause, key in WAITS.items()}}
+                    **{f"{cause}_per_s": round(done[b][proto.wait_key(cause)] / took[b], 3)
+                       for cause in proto.WAIT_CAUSES}}
                 for b in took if took[b] > 0}
 
     @staticmethod
@@ -164,7 +165,7 @@ class ControllerTrace:
         """Per second between the first and the last sample, from the containers' counters
         (those in both): production busy (the busiest production container), opportunistic
         waiting behind it, its work beside it, and its launching threads' other waits by
-        cause (WAITS; summed over the opportunistic containers). None: fewer than two
+        cause (proto.SHIM_WAITS; summed over the opportunistic containers). None: fewer than two
         samples."""
         keys = ("production_busy_per_s", "production_iteration_starts_per_s", "opportunistic_gated_per_s",
                 "opportunistic_beside_per_s", *(f"opportunistic_{k}_per_s" for k in proto.SHIM_WAITS))
@@ -173,7 +174,8 @@ class ControllerTrace:
         (t0, g0), (t1, g1) = inside[0], inside[-1]
         first = {c["id"]: c for c in g0["containers"]}
         grew = [(c["class"], {k: c.get(k, 0) - first[c["id"]].get(k, 0)
-                              for k in ("busy_s", "iteration_starts", "beside_production_s", *WAITS.values())})
+                              for k in ("busy_s", "iteration_starts", "beside_production_s",
+                                        *map(proto.wait_key, proto.WAIT_CAUSES))})
                 for c in g1["containers"] if c["id"] in first]
         dt = t1 - t0
         prod = [d for cls, d in grew if cls == "production"]
@@ -182,7 +184,7 @@ class ControllerTrace:
                                round(sum(d["iteration_starts"] for d in prod) / dt, 2),
                                round(sum(d["gated_s"] for d in opp) / dt, 3),
                                round(sum(d["beside_production_s"] for d in opp) / dt, 4),
-                               *(round(sum(d[WAITS[k]] for d in opp) / dt, 3) for k in proto.SHIM_WAITS))))
+                               *(round(sum(d[proto.wait_key(k)] for d in opp) / dt, 3) for k in proto.SHIM_WAITS))))
 
     @staticmethod
     def describe(s: dict) -> str:
@@ -205,13 +207,8 @@ class ControllerTrace:
                 + ("" if not s.get("opportunistic_by_bound") else
                    "; under each in-flight bound, opportunistic " + "; ".join(
                        f"{b}: {v['blocks_per_s']:,} blocks/s, "
-                       + _waits({k: v.get(f"{k}_per_s") for k in WAITS})
+                       + _waits({k: v.get(f"{k}_per_s") for k in proto.WAIT_CAUSES})
                        for b, v in s["opportunistic_by_bound"].items())))
-
-
-# What an opportunistic container's launching threads wait for: the cause, and its key in
-# the status document
-WAITS = {cause: proto.wait_key(cause) for cause in proto.WAIT_CAUSES}
 
 
 def _waits(per_s: dict[str, float | None]) -> str:

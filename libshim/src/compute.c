@@ -933,19 +933,15 @@ static uint64_t opportunistic_admit(struct tgs_gpu *g, struct launch *L, CUstrea
     int paid = 0; /* tokens are spent once per launch, however often production makes it wait */
     for (;;) {
         for (;;) {
-            uint64_t was = now;
-            int held = 0;
-            if (must_wait_for_production(g, now))
+            if (must_wait_for_production(g, now)) {
                 wait_for_production(g, now, s);
-            else if (anticipate && (until = hold_back_until(g, now, k))) {
+            } else if (anticipate && (until = hold_back_until(g, now, k))) {
                 tgs_sleep_until(until);
-                held = 1;
+                count_wait(&g_tgs.shim->anticipation_wait_ns, tgs_now() - now);
             } else {
                 break;
             }
             now = tgs_now();
-            if (held)
-                count_wait(&g_tgs.shim->anticipation_wait_ns, now - was);
         }
         unsigned max = b->inflight_max;
         uint64_t before = now;

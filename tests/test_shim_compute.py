@@ -208,14 +208,24 @@ def test_a_run_of_long_kernels_is_costed_kernel_by_kernel(simgpu, container, lib
     assert shared >= 0.84 * solo, f"production ran {shared:.0f} kernels/s beside it, {solo:.0f} alone"
 
 
-def kernel_lengths(c_programs, readings_us: list[float]) -> list[tuple[float, bool]]:
+def kernel_readings(c_programs, readings_us: list[float]) -> list[tuple[float, bool, int]]:
     """One kernel's length (us) in libtgs.so after each of `readings_us`, by the shim's own
-    rule (libshim/src/kernel_length.h), and whether that reading is to be confirmed (the
-    kernel timed again whenever the timer is free)."""
+    rule (libshim/src/kernel_length.h); whether that reading is to be confirmed (the
+    kernel timed again whenever the timer is free); and the launches per timed one the
+    shim samples after it."""
     exe = c_programs("kernel_length.c")
     out = subprocess.run([str(exe), *(str(round(r * 1000)) for r in readings_us)], capture_output=True, text=True,
                          check=True).stdout
-    return [(int(x.rstrip("*")) / 1000, x.endswith("*")) for x in out.split()]
+    rows = []
+    for x in out.split():
+        length, every = x.split("/")
+        rows.append((int(length.rstrip("*")) / 1000, length.endswith("*"), int(every)))
+    return rows
+
+
+def kernel_lengths(c_programs, readings_us: list[float]) -> list[tuple[float, bool]]:
+    """kernel_readings without the sampling."""
+    return [(length, again) for length, again, _ in kernel_readings(c_programs, readings_us)]
 
 
 def test_a_reading_that_waited_once_leaves_a_kernels_length(c_programs):
@@ -255,6 +265,39 @@ def test_a_kernels_length_starts_from_its_shorter_first_reading_and_follows_it_d
     assert kernel_lengths(c_programs, [5000, 1000, 1000]) == [(5000, False), (1000, False), (1000, False)]
     assert kernel_lengths(c_programs, [1000] * 4 + [100000] * 2)[-2:] == [(1000, True), (1750, True)]
     assert kernel_lengths(c_programs, [1000] * 4 + [500])[-1] == (875, False)
+
+
+def test_readings_that_confirm_a_kernels_length_let_the_shim_time_fewer_launches(c_programs):
+    """Each timing costs two event records and a read (a few microseconds on a real
+    driver, about 75 instructions of every bounded launch on simgpu at one launch in 32).
+    While readings confirm a known kernel's length (within half of it, or a microsecond,
+    either way: an empty kernel's jitter) the shim samples half as often after each, down
+    to one launch in 256; one reading that does not (the kernel grew, or waited behind
+    another context) brings it back to one in 32 at once. The first two readings, which
+    make the length, change nothing."""
+    steady = kernel_readings(c_programs, [1000] * 8)
+    assert [every for *_, every in steady] == [32, 32, 64, 128, 256, 256, 256, 256], steady
+    jitter = kernel_readings(c_programs, [0.28, 0.27, 0.25, 0.27, 0.44, 0.3, 0.45])
+    assert jitter[-1][2] == 256, jitter
+    waited = kernel_readings(c_programs, [1000] * 8 + [3000, 1000])
+    assert [every for *_, every in waited[-2:]] == [32, 64], waited
+    shorter = kernel_readings(c_programs, [1000] * 8 + [400])
+    assert shorter[-1][2] == 32, shorter
+
+
+def test_a_job_whose_kernels_keep_their_lengths_is_timed_less_often(simgpu, container, libshim):
+    """Under the in-flight bound, a job of steady 20 us kernels settles to one timed launch
+    in 256 (the shim says so at debug level), and goes on keeping the engine busy."""
+    c = container(proto.Class.OPPORTUNISTIC)
+    c.control.set_budget(0, rate=proto.RATE_UNLIMITED, inflight=2)
+    p = simgpu.workload(Workload(kernel_us=20, kernels=500, seconds=3, report_s=0.5), "opp",
+                        {**c.env(libshim.shim), "TGS_LOG_LEVEL": "debug"})
+    simgpu.wait_for_contexts(["opp"])
+    time.sleep(1.0)
+    busy, _ = in_flight(simgpu, "opp", 1.0)
+    assert p.wait() == 0, p.stderr
+    assert "times one launch in 256 (its kernels' lengths confirmed)" in p.stderr, p.stderr[-2000:]
+    assert busy >= 0.8, f"the engine ran the job {busy:.0%} of the time"
 
 
 def test_production_marks_each_iteration_start_for_tgsd_to_time(simgpu, container, libshim):

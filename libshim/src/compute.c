@@ -17,7 +17,8 @@
  * (from its recent gaps between idle and launch); an opportunistic launch that would still
  * be running then waits for production instead of delaying it. Each opportunistic process
  * whose launches are bounded or anticipate learns how long its kernels run by timing one
- * launch in TGS_TIME_EVERY with events.
+ * launch in 32 with events (one in up to 256 while the readings confirm the lengths it
+ * knows).
  */
 #define _GNU_SOURCE
 #include "tgs.h"
@@ -464,19 +465,31 @@ static uint64_t kernel_cost(struct kernel_known kn) {
 }
 
 /* Kernels are tracked in batches: an event is recorded once a quarter of the bound's work
- * (or of TGS_INFLIGHT_RING kernels) has been launched since the last one, and covers
+ * (or half of TGS_INFLIGHT_RING kernels) has been launched since the last one, and covers
  * those, so that a job of short kernels does not pay an event record per launch (with one
  * per launch and a query of the oldest, tgsd's default bound added 1,378 instructions to
- * a zero-length launch on simgpu; 555 with batches). A batch's event is on the stream of
- * its last launch: where one process launches on several streams, a batch may end before
- * all its kernels do. */
+ * a zero-length launch on simgpu; 555 with batches). Each batch costs a record and, at
+ * the bound, a query (about 240 ns together on simgpu, more on a real driver): batches of
+ * a quarter of the ring's kernels cost a zero-length launch 7-19 ns more than halves, and
+ * the count decides only for kernels under 1/128 of the bound (8 us under tgsd's
+ * default). A batch's event is on the stream of its last launch: where one process
+ * launches on several streams, a batch may end before all its kernels do. */
 static int inflight_batch_done(uint64_t work, unsigned kernels, uint64_t bound) {
-    return work >= bound / 4 || kernels >= TGS_INFLIGHT_RING / 4;
+    return work >= bound / 4 || kernels >= TGS_INFLIGHT_RING / 2;
 }
 
+/* The kernels launched since the last event and their cost share one word (the count in
+ * its top bits), so that a launch counts both with one atomic add: two cost a bounded
+ * launch about 5 ns more on simgpu. A batch's cost stays far below 2^40 ns, and its count
+ * below 2^24. */
+#define UNTRACKED_KERNEL (1ull << 40)
+static inline unsigned untracked_kernels(uint64_t u) { return (unsigned)(u / UNTRACKED_KERNEL); }
+static inline uint64_t untracked_ns(uint64_t u) { return u % UNTRACKED_KERNEL; }
+
 static int inflight_full(struct tgs_gpu *g, uint64_t bound, uint64_t cost) {
-    uint64_t w = __atomic_load_n(&g->ev_work_ns, __ATOMIC_RELAXED) + __atomic_load_n(&g->untracked_ns, __ATOMIC_RELAXED);
-    unsigned n = __atomic_load_n(&g->ev_kernels, __ATOMIC_RELAXED) + __atomic_load_n(&g->untracked, __ATOMIC_RELAXED);
+    uint64_t u = __atomic_load_n(&g->untracked, __ATOMIC_RELAXED);
+    uint64_t w = __atomic_load_n(&g->ev_work_ns, __ATOMIC_RELAXED) + untracked_ns(u);
+    unsigned n = __atomic_load_n(&g->ev_kernels, __ATOMIC_RELAXED) + untracked_kernels(u);
     return n >= TGS_INFLIGHT_RING || (w && w + cost > bound);
 }
 
@@ -507,12 +520,13 @@ static int inflight_wait(struct tgs_gpu *g, uint64_t bound, uint64_t cost) {
 
 /* A launch of `cost` is counted; the one that completes a batch records its event. */
 static void inflight_record(struct tgs_gpu *g, CUstream s, uint64_t bound, uint64_t cost) {
-    uint64_t w = __atomic_add_fetch(&g->untracked_ns, cost, __ATOMIC_RELAXED);
-    if (!inflight_batch_done(w, __atomic_add_fetch(&g->untracked, 1, __ATOMIC_RELAXED), bound))
+    uint64_t u = __atomic_add_fetch(&g->untracked, UNTRACKED_KERNEL + cost, __ATOMIC_RELAXED);
+    if (!inflight_batch_done(untracked_ns(u), untracked_kernels(u), bound))
         return;
     pthread_mutex_lock(&g->inflight_lock);
-    w = __atomic_load_n(&g->untracked_ns, __ATOMIC_RELAXED); /* another thread may have taken them */
-    unsigned n = __atomic_load_n(&g->untracked, __ATOMIC_RELAXED);
+    u = __atomic_load_n(&g->untracked, __ATOMIC_RELAXED); /* another thread may have taken them */
+    uint64_t w = untracked_ns(u);
+    unsigned n = untracked_kernels(u);
     if (!n || !inflight_batch_done(w, n, bound) || g->ev_count >= TGS_INFLIGHT_RING) {
         pthread_mutex_unlock(&g->inflight_lock);
         return;
@@ -537,8 +551,7 @@ static void inflight_record(struct tgs_gpu *g, CUstream s, uint64_t bound, uint6
         g->ev_count++;
     }
     /* tracked now, or never (no event) */
-    __atomic_sub_fetch(&g->untracked_ns, w, __ATOMIC_RELAXED);
-    __atomic_sub_fetch(&g->untracked, n, __ATOMIC_RELAXED);
+    __atomic_sub_fetch(&g->untracked, u, __ATOMIC_RELAXED);
     pthread_mutex_unlock(&g->inflight_lock);
 }
 
@@ -547,12 +560,13 @@ void tgs_compute_after_fork(void) {
         struct tgs_gpu *g = &g_tgs.gpu[i];
         pthread_mutex_init(&g->inflight_lock, NULL);
         memset(g->ev, 0, sizeof g->ev);
-        g->ev_head = g->ev_count = g->ev_kernels = g->untracked = 0;
-        g->ev_work_ns = g->untracked_ns = 0;
+        g->ev_head = g->ev_count = g->ev_kernels = 0;
+        g->ev_work_ns = g->untracked = 0;
         g->busy_marked = 0;
         g->timer[0] = g->timer[1] = NULL;
         g->timer_ctx = NULL;
         g->timing = TGS_TIMER_IDLE;
+        g->time_every = TGS_TIME_EVERY;
         g->queue_end_ns = g->idle_ns = 0;
         g->drain = NULL;
         g->drain_state = TGS_DRAIN_NONE;
@@ -564,7 +578,8 @@ void tgs_compute_after_fork(void) {
 
 /* ---------- opportunistic: how long its kernels run ---------- */
 
-/* About one launch in TGS_TIME_EVERY goes between two timing events, after a random 1/2
+/* About one launch in time_every (TGS_TIME_EVERY, more while the readings confirm the
+ * lengths known: kernel_length.h) goes between two timing events, after a random 1/2
  * to 3/2 of that many (a job repeating a sequence of kernels whose length divides a fixed
  * interval would have the same one timed over and over), and at least one of the first
  * 1-8 launches (at random) once TGS_TIME_GAP_NS have passed since the last (a process that
@@ -598,7 +613,8 @@ __attribute__((noinline)) static int timer_start_now(struct tgs_gpu *g, CUstream
     x ^= x >> 17;
     x ^= x << 5;
     g->timer_rng = x;
-    __atomic_store_n(&g->time_after, TGS_TIME_EVERY / 2 + x % TGS_TIME_EVERY, __ATOMIC_RELAXED);
+    unsigned every = g->time_every ? g->time_every : TGS_TIME_EVERY;
+    __atomic_store_n(&g->time_after, every / 2 + x % every, __ATOMIC_RELAXED);
     CUcontext ctx = NULL;
     REAL(cuCtxGetCurrent)(&ctx);
     unsigned gen = tgs_context_generation();
@@ -656,7 +672,9 @@ __attribute__((noinline)) static void timer_stop(struct tgs_gpu *g, CUstream s, 
 
 /* A reading of t ns for `fn` on `blocks` moves its length (kernel_length.h). Its
  * function notes that length on that grid size (or the reading, for a kernel the full
- * table cannot take: it stays new, and is timed whenever the timer is free). */
+ * table cannot take: it stays new, and is timed whenever the timer is free). The reading
+ * of a kernel known before (timed twice or more) confirms what was known, or does not:
+ * the timer then samples fewer launches, or as many as at first. */
 static void kernel_length_note(struct tgs_gpu *g, uintptr_t fn, uint64_t blocks, uint64_t t) {
     uint64_t ns = t ? t : 1; /* the reading, for a kernel the full table cannot take */
     struct tgs_kernel_length *k = kernel_slot(g, fn, blocks, 1);
@@ -669,6 +687,15 @@ static void kernel_length_note(struct tgs_gpu *g, uintptr_t fn, uint64_t blocks,
         __atomic_store_n(&k->ns, ns, __ATOMIC_RELEASE);
         __atomic_store_n(&k->recheck, (uint32_t)r.recheck, __ATOMIC_RELAXED);
         __atomic_store_n(&k->readings, readings + 1, __ATOMIC_RELEASE);
+        unsigned was = g->time_every ? g->time_every : TGS_TIME_EVERY;
+        g->time_every = tgs_time_every_next(was, readings >= 2, r.confirms);
+        unsigned soon = g->time_every / 2 + g->timer_rng % g->time_every;
+        if (g->time_every < was && soon < __atomic_load_n(&g->time_after, __ATOMIC_RELAXED))
+            __atomic_store_n(&g->time_after, soon, __ATOMIC_RELAXED); /* not after the old interval's count */
+        if (tgs_log_level >= TGS_LOG_DEBUG && g->time_every != was &&
+            (g->time_every == TGS_TIME_EVERY_MAX || was == TGS_TIME_EVERY_MAX))
+            tgs_log(TGS_LOG_DEBUG, "times one launch in %u (its kernels' lengths %s)", g->time_every,
+                    r.confirms ? "confirmed" : "changed");
     }
     fn_length_note(g, fn, blocks, ns);
 }

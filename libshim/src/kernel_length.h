@@ -21,15 +21,20 @@
  * TGS_RECHECK_NS) asks for that second one at once (`recheck`: the kernel is timed again
  * whenever the timer is free) rather than at its next sampled timing, tens of
  * milliseconds later; jitter asks for nothing (short kernels read a third either way from
- * one timing to the next). Why, with figures: docs/shim.md. The length is never 0. */
+ * one timing to the next). Why, with figures: docs/shim.md. The length is never 0.
+ * A reading `confirms` a length known from two readings or more when it lies within half
+ * of it either way, or within TGS_RECHECK_NS (an empty kernel's readings jitter by a
+ * third and more): the shim times fewer of its launches while its readings confirm what
+ * it knows (tgs_time_every_next). */
 struct tgs_kernel_reading {
     uint64_t len;
     int recheck;
+    int confirms;
 };
 
 static inline struct tgs_kernel_reading tgs_kernel_length_next(uint64_t len, uint64_t last, uint64_t readings,
                                                                uint64_t t) {
-    struct tgs_kernel_reading r = {t ? t : 1, 0};
+    struct tgs_kernel_reading r = {t ? t : 1, 0, 0};
     if (readings == 1)
         r.len = t && t < len ? t : len;
     if (readings < 2)
@@ -39,7 +44,25 @@ static inline struct tgs_kernel_reading tgs_kernel_length_next(uint64_t len, uin
         reach = 4 * len;
     r.len = len - len / 4 + (t < reach ? t : reach) / 4;
     r.recheck = t > reach + reach / 4 && t - reach > TGS_RECHECK_NS;
+    r.confirms = (t <= len + len / 2 && t >= len - len / 2) || (t > len ? t - len : len - t) <= TGS_RECHECK_NS;
     return r;
+}
+
+/* How many launches the shim lets pass, on average, per one it times (`every`: so far)
+ * after a reading of a kernel it knew (timed twice or more before): twice as many after
+ * one that confirmed its length, up to TGS_TIME_EVERY_MAX, and TGS_TIME_EVERY again
+ * after one that did not. Each timing costs two event records and a read of the time
+ * between them; a job whose kernels keep their lengths needs few. A reading of a kernel
+ * it did not know leaves it (those are timed whenever the timer is free anyway). */
+#define TGS_TIME_EVERY 32      /* launches per timed one, on average: at first and after news */
+#define TGS_TIME_EVERY_MAX 256 /* and at most, while its readings confirm the lengths it knows */
+
+static inline unsigned tgs_time_every_next(unsigned every, int known, int confirms) {
+    if (!known)
+        return every;
+    if (!confirms)
+        return TGS_TIME_EVERY;
+    return every >= TGS_TIME_EVERY_MAX / 2 ? TGS_TIME_EVERY_MAX : 2 * every;
 }
 
 #endif

@@ -72,7 +72,6 @@ struct tgs_stream_seen {
     pthread_t thread; /* the launching thread (a per-thread default stream is that thread's) */
 };
 #define TGS_GAPS 8        /* production gaps remembered to expect the next launch */
-#define TGS_TIME_EVERY 32 /* opportunistic launches per timed one, on average (two event records each) */
 #define TGS_TIME_GAP_NS 50000000ull /* ... or fewer, when the last timed one is this long ago */
 #define TGS_TIMED 5       /* timed kernels remembered */
 #define TGS_TIMER_READ_NS 10000000ull /* a timed kernel is read this long after its launch at the latest, */
@@ -105,11 +104,11 @@ struct tgs_gpu { /* one control-block GPU slot, as this process sees it */
     unsigned ev_head, ev_count;
     unsigned ev_kernels;                   /* kernels the events in the ring cover */
     uint64_t ev_work_ns;                   /* and their cost */
-    unsigned untracked;                    /* kernels launched since the last event */
-    uint64_t untracked_ns;                 /* and their cost */
+    uint64_t untracked;                    /* kernels launched since the last event, and their cost (ns):
+                                              one word, one atomic add a launch (compute.c) */
     uintptr_t timed_fn;                    /* the kernel being timed */
     uint64_t timed_blocks;
-    CUevent timer[2];                      /* opportunistic: times one kernel in TGS_TIME_EVERY */
+    CUevent timer[2];                      /* opportunistic: times one kernel in time_every */
     CUcontext timer_ctx;
     unsigned timer_gen;
     int timing;                            /* enum tgs_timer */
@@ -117,6 +116,7 @@ struct tgs_gpu { /* one control-block GPU slot, as this process sees it */
     uint64_t timer_read_by_ns;             /* its launch + TGS_TIMER_READ_NS: queried from then at the latest */
     unsigned untimed;                      /* launches since the last timed one */
     unsigned time_after;                   /* the next is timed after this many */
+    unsigned time_every;                   /* launches per timed one, on average (kernel_length.h; 0: TGS_TIME_EVERY) */
     uint64_t time_by_ns;                   /* or one of the first few launches from then on */
     uint32_t timer_rng;                    /* picks time_after, and which of the first few after time_by_ns */
     uint64_t timed_ns[TGS_TIMED];          /* the last kernels timed */

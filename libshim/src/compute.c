@@ -480,7 +480,7 @@ static int inflight_batch_done(uint64_t work, unsigned kernels, uint64_t bound) 
 
 /* The kernels launched since the last event and their cost share one word (the count in
  * its top bits), so that a launch counts both with one atomic add: two cost a bounded
- * launch about 5 ns more on simgpu. A batch's cost stays far below 2^40 ns, and its count
+ * launch about 6 ns more on simgpu. A batch's cost stays far below 2^40 ns, and its count
  * below 2^24. */
 #define UNTRACKED_KERNEL (1ull << 40)
 static inline unsigned untracked_kernels(uint64_t u) { return (unsigned)(u / UNTRACKED_KERNEL); }

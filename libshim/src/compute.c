@@ -613,8 +613,7 @@ __attribute__((noinline)) static int timer_start_now(struct tgs_gpu *g, CUstream
     x ^= x >> 17;
     x ^= x << 5;
     g->timer_rng = x;
-    unsigned every = g->time_every ? g->time_every : TGS_TIME_EVERY;
-    __atomic_store_n(&g->time_after, every / 2 + x % every, __ATOMIC_RELAXED);
+    __atomic_store_n(&g->time_after, g->time_every / 2 + x % g->time_every, __ATOMIC_RELAXED);
     CUcontext ctx = NULL;
     REAL(cuCtxGetCurrent)(&ctx);
     unsigned gen = tgs_context_generation();
@@ -687,11 +686,13 @@ static void kernel_length_note(struct tgs_gpu *g, uintptr_t fn, uint64_t blocks,
         __atomic_store_n(&k->ns, ns, __ATOMIC_RELEASE);
         __atomic_store_n(&k->recheck, (uint32_t)r.recheck, __ATOMIC_RELAXED);
         __atomic_store_n(&k->readings, readings + 1, __ATOMIC_RELEASE);
-        unsigned was = g->time_every ? g->time_every : TGS_TIME_EVERY;
+        unsigned was = g->time_every;
         g->time_every = tgs_time_every_next(was, readings >= 2, r.confirms);
-        unsigned soon = g->time_every / 2 + g->timer_rng % g->time_every;
-        if (g->time_every < was && soon < __atomic_load_n(&g->time_after, __ATOMIC_RELAXED))
-            __atomic_store_n(&g->time_after, soon, __ATOMIC_RELAXED); /* not after the old interval's count */
+        if (g->time_every < was) { /* the next timing not after the old interval's count */
+            unsigned soon = g->time_every / 2 + g->timer_rng % g->time_every;
+            if (soon < __atomic_load_n(&g->time_after, __ATOMIC_RELAXED))
+                __atomic_store_n(&g->time_after, soon, __ATOMIC_RELAXED);
+        }
         if (tgs_log_level >= TGS_LOG_DEBUG && g->time_every != was &&
             (g->time_every == TGS_TIME_EVERY_MAX || was == TGS_TIME_EVERY_MAX))
             tgs_log(TGS_LOG_DEBUG, "times one launch in %u (its kernels' lengths %s)", g->time_every,

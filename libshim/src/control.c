@@ -1,6 +1,7 @@
 /* libtgs.so: the control block and activity files, GPUs by UUID, time, and logging. */
 #define _GNU_SOURCE
 #include "tgs.h"
+#include "kernel_length.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -151,6 +152,7 @@ int tgs_control_open(void) {
         g->budget = &d->gpu[i];
         g->ctr = &g_tgs.shim->gpu[i];
         pthread_mutex_init(&g->inflight_lock, NULL);
+        g->time_every = TGS_TIME_EVERY;
         if (i < d->ngpus)
             tgs_map_activity(g);
     }

@@ -116,7 +116,7 @@ struct tgs_gpu { /* one control-block GPU slot, as this process sees it */
     uint64_t timer_read_by_ns;             /* its launch + TGS_TIMER_READ_NS: queried from then at the latest */
     unsigned untimed;                      /* launches since the last timed one */
     unsigned time_after;                   /* the next is timed after this many */
-    unsigned time_every;                   /* launches per timed one, on average (kernel_length.h; 0: TGS_TIME_EVERY) */
+    unsigned time_every;                   /* launches per timed one, on average (kernel_length.h) */
     uint64_t time_by_ns;                   /* or one of the first few launches from then on */
     uint32_t timer_rng;                    /* picks time_after, and which of the first few after time_by_ns */
     uint64_t timed_ns[TGS_TIMED];          /* the last kernels timed */

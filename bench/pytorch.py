@@ -7,8 +7,9 @@ flat out. Settings, side by side in one run: exclusive (each alone, no shim), co
 priority, opportunistic at below-normal priority on the idle share of the SMs; where
 nvidia-cuda-mps-control exists, else the table says why not; bench/mps.py), TGS fast (both
 in TGS containers of their class, tgsd of our own with a memory budget far below the
-card's), and TGS fast with the in-flight bound kept at two (`inflight_deepest = 2`: what
-the bound's deepening does for the pair). Figures: production / exclusive, opportunistic
+card's), TGS fast with the in-flight bound kept at two (`inflight_deepest = 2`: what
+the bound's deepening does for the pair), and kept at eight (`inflight = inflight_deepest =
+8`: what a deeper queue itself does for it, without tgsd's trials). Figures: production / exclusive, opportunistic
 / exclusive, share of idle time (opportunistic ratio / (1 - production's duty)); and, for
 each TGS window, what tgsd showed (`tgs status` every 0.5 s): how much of each second production's shims counted it
 busy and the opportunistic ones waited behind it, whether they watched production, how
@@ -116,9 +117,11 @@ def run(echo: Echo = print, quick: bool = False, json_path: Path | None = None) 
     return result
 
 
-# TGS as shipped, and with the in-flight bound kept at the configured two (no deeper
-# trials where production holds): side by side, what deepening does for this pair
-TGS_SETTINGS = {"fast": {}, "fast, bound kept at two": {"inflight_deepest": 2}}
+# TGS as shipped; with the in-flight bound kept at the configured two (no deeper trials
+# where production holds); and kept at eight from the start (no trials either): side by
+# side, what deepening does for this pair, and whether a deeper queue helps or slows it
+TGS_SETTINGS = {"fast": {}, "fast, bound kept at two": {"inflight_deepest": 2},
+                "fast, bound kept at eight": {"inflight": 8, "inflight_deepest": 8}}
 SETTINGS = ("co-execution", "mps", *TGS_SETTINGS)
 
 

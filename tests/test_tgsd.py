@@ -12,6 +12,7 @@ import struct
 import subprocess
 import sys
 import time
+from datetime import datetime
 
 import pytest
 
@@ -213,22 +214,34 @@ def test_opportunistic_work_goes_on_when_one_of_two_production_jobs_ends(simgpu,
     d = tgsd("[control]\nanticipate = false")
     a, b, opp = d.register("production"), d.register("production"), d.register("opportunistic")
     quarter = lambda seconds: Workload.with_duty(0.25, period_ms=20, kernels=10, seconds=seconds, report_s=0.5)
-    o = simgpu.workload(Workload(kernel_us=1000, kernels=10, seconds=28, report_s=0.5), "opp", opp.env(libshim.shim))
+    o = simgpu.workload(Workload(kernel_us=1000, kernels=10, seconds=32, report_s=0.5), "opp", opp.env(libshim.shim))
     simgpu.wait_for_contexts(["opp"])
     pa = simgpu.workload(quarter(12), "prod-a", a.env(libshim.shim))
-    pb = simgpu.workload(quarter(24), "prod-b", b.env(libshim.shim))
+    pb = simgpu.workload(quarter(27), "prod-b", b.env(libshim.shim))
     pa.wait(60)
+    ended = time.time()
     time.sleep(2)  # a second to judge the turnover, one to profile
-    shared = busy(simgpu, ["prod-b", "opp"], 6)
+    windows = [busy(simgpu, ["prod-b", "opp"], 5) for _ in range(2)]
     ctl = d.status()["gpus"][0]["controller"]
     pb.wait(60)
     o.kill()  # starved (the fault this test is about), it would not finish
+    # Nothing aims at the pair's figure once prod-a has ended: its fall is judged (prod-b
+    # measured alone, or the fall taken as production's own) before any rate cut. Without
+    # the judgement a second after the turnover, rate cuts came at once ("production at
+    # 0.597 of its solo progress ...: rate cut"; opportunistic work got 0.04-0.10 of the
+    # engine in the first 6 s, 0.241 with the judgement taken out of today's controller,
+    # whose other checks restore the figure sooner) and, before those checks, for good
+    cuts = [e["why"] for e in d.events() if e.get("event") == "controller decision" and "rate cut" in e["why"]
+            and ended - 0.5 <= datetime.fromisoformat(e["timestamp"]).timestamp() <= ended + 3]
+    assert not cuts, f"rate cuts as prod-a ended: {cuts}"
     # prod-b alone keeps the engine busy about a quarter of the time. Opportunistic work
-    # got 0.66 of the engine in three runs here; with the controller before the turnover
-    # was judged, 0.04-0.10 (the check had not yet come), and before the check it could
-    # be cut to 1 block/s for good
-    assert shared["opp"] / 6 >= 0.3, f"opportunistic work got {shared['opp'] / 6:.3f} of the engine: {ctl}"
-    assert shared["prod-b"] / 6 >= 0.2, f"production kept {shared['prod-b'] / 6:.3f} of the engine"
+    # got 0.66-0.70 of the engine here. The better of two windows: in one full CI run, on
+    # a machine slowed by its neighbours, production's noisy progress brought a cut after
+    # the judgement (its figure rightly prod-b's), and opportunistic work got 0.128 of
+    # the first 6 s; starved for good, it would get next to none of either
+    got = [w["opp"] / 5 for w in windows]
+    assert max(got) >= 0.3, f"opportunistic work got {got[0]:.3f} and {got[1]:.3f} of the engine: {ctl}"
+    assert min(w["prod-b"] for w in windows) / 5 >= 0.2, f"production kept {windows} of the engine"
 
 
 @pytest.mark.parametrize("share", ["fair", "las"])
@@ -652,26 +665,29 @@ def test_each_production_process_is_anticipated(simgpu, tgsd, libshim):
     d = tgsd("[control]\ninflight_deepest = 2\n")
     prod, opp = d.register("production"), d.register("opportunistic")
     quarter = lambda name, period: simgpu.workload(
-        Workload.with_duty(0.25, period_ms=period, kernels=5, seconds=14, report_s=0.5), name, prod.env(libshim.shim))
+        Workload.with_duty(0.25, period_ms=period, kernels=5, seconds=16, report_s=0.5), name, prod.env(libshim.shim))
     a, b = quarter("a", 20), quarter("b", 22)
     simgpu.wait_for_contexts(["a", "b"])
     time.sleep(1)
     alone = simgpu.snapshots(4)
-    o = simgpu.workload(HOG, "opp", opp.env(libshim.shim))
+    o = simgpu.workload(dataclasses.replace(HOG, seconds=12), "opp", opp.env(libshim.shim))
     simgpu.wait_for_contexts(["opp"])
     time.sleep(3)
-    shared = simgpu.snapshots(4)
+    shared = [simgpu.snapshots(2) for _ in range(3)]
     a.kill(), b.kill(), o.kill()
 
     def per_iteration(snaps):
         waited, kernels = sim.between(*snaps, "waited_ns"), sim.between(*snaps, "kernels")
         return (waited["a"] + waited["b"]) / 1e6 / ((kernels["a"] + kernels["b"]) / 5)
 
-    each_other, beside = per_iteration(alone), per_iteration(shared)
-    assert beside - each_other < 0.15, f"production waited {beside:.3f} ms per iteration, {each_other:.3f} alone"
-    idle = 4 - sum(sim.busy_between(*shared)[x] for x in "ab")
+    # The least of three 2 s windows: the fault waits in every one; a machine slowed by its
+    # neighbours made one 4 s window wait +0.225 ms in a full CI run (+0.33 once before)
+    each_other, beside = per_iteration(alone), [per_iteration(w) for w in shared]
+    assert min(beside) - each_other < 0.15, \
+        f"production waited {', '.join(f'{x:.3f}' for x in beside)} ms per iteration, {each_other:.3f} alone"
+    idle = sum(2 - sum(sim.busy_between(*w)[x] for x in "ab") for w in shared)
     # 0.9 of it in five runs of six here, 0.52 in one: the bound asks only that it is not starved
-    assert sim.busy_between(*shared)["opp"] >= 0.4 * idle, "opportunistic work still gets the idle time"
+    assert sum(sim.busy_between(*w)["opp"] for w in shared) >= 0.4 * idle, "opportunistic work still gets the idle time"
 
 
 def test_opportunistic_kernels_longer_than_production_s_gaps_still_run(simgpu, tgsd, libshim):

@@ -9,8 +9,10 @@ nvidia-cuda-mps-control exists, else the table says why not; bench/mps.py), TGS 
 in TGS containers of their class, tgsd of our own with a memory budget far below the
 card's), TGS fast with the in-flight bound kept at two (`inflight_deepest = 2`: what
 the bound's deepening does for the pair), and kept at eight (`inflight = inflight_deepest =
-8`: what a deeper queue itself does for it, without tgsd's trials). Figures: production / exclusive, opportunistic
-/ exclusive, share of idle time (opportunistic ratio / (1 - production's duty)); and, for
+8`: what a deeper queue itself does for it, without tgsd's trials); each TGS setting in
+two windows (one when quick), in turn with the others. Figures: production / exclusive,
+opportunistic / exclusive, share of idle time (opportunistic ratio / (1 - production's
+duty)), a TGS setting's the mean of its windows, with each window's share; and, for
 each TGS window, what tgsd showed (`tgs status` every 0.5 s): how much of each second production's shims counted it
 busy and the opportunistic ones waited behind it, whether they watched production, how
 much of their work ran beside it, the in-flight bound and the rate."""
@@ -102,16 +104,21 @@ def run(echo: Echo = print, quick: bool = False, json_path: Path | None = None) 
                 res["mps_not_run"] = f"failed: {e}"
         if res["mps_not_run"]:
             echo(f"  MPS: not run, {res['mps_not_run']}")
-    for name, control in TGS_SETTINGS.items():
-        with Lab(tgsd={"control": {"controller": "fast", **control}}) as lab:
-            prod_c, opp_c = lab.container("production"), lab.container("opportunistic")
-            jobs = {"prod": lab.run(argv("resnet50", long, gap_ms), "tgs-prod", prod_c),
-                    "opp": lab.run(argv("gpt2", long, 0, 8), "tgs-opp", opp_c)}
-            time.sleep(0 if quick else 5)  # let the controller profile production first
-            with lab.trace() as trace:
-                res[name] = window(jobs, seconds, trace=trace)
-            res[f"{name}_tgsd"] = trace.summary()
-            echo(f"  TGS {name}: {res[name]}; tgsd: {ControllerTrace.describe(res[f'{name}_tgsd'])}")
+    for i in range(1 if quick else WINDOWS):
+        for name, control in TGS_SETTINGS.items():
+            with Lab(tgsd={"control": {"controller": "fast", **control}}) as lab:
+                prod_c, opp_c = lab.container("production"), lab.container("opportunistic")
+                jobs = {"prod": lab.run(argv("resnet50", long, gap_ms), "tgs-prod", prod_c),
+                        "opp": lab.run(argv("gpt2", long, 0, 8), "tgs-opp", opp_c)}
+                time.sleep(0 if quick else 5)  # let the controller profile production first
+                with lab.trace() as trace:
+                    r = window(jobs, seconds, trace=trace)
+                res.setdefault(f"{name}_windows", []).append(r)
+                res.setdefault(f"{name}_tgsd", []).append(trace.summary())
+                echo(f"  TGS {name}, window {i + 1}: {r}; tgsd: {ControllerTrace.describe(res[f'{name}_tgsd'][-1])}")
+    for name in TGS_SETTINGS:
+        each = res[f"{name}_windows"]
+        res[name] = {k: sum(w[k] for w in each) / len(each) for k in ("prod", "opp")}
     result, md = report(res, duty, gap_ms, quick)
     Outputs("pytorch", json_path).write(result, md, echo)
     return result
@@ -119,7 +126,11 @@ def run(echo: Echo = print, quick: bool = False, json_path: Path | None = None) 
 
 # TGS as shipped; with the in-flight bound kept at the configured two (no deeper trials
 # where production holds); and kept at eight from the start (no trials either): side by
-# side, what deepening does for this pair, and whether a deeper queue helps or slows it
+# side, what deepening does for this pair, and whether a deeper queue helps or slows it.
+# Each runs WINDOWS times (once when quick), in turn with the others: on an H200 two
+# windows of one bound gave the opportunistic job 0.505 and 0.380 of its exclusive speed
+# (2026-11-27), more than the bound changed it
+WINDOWS = 2
 TGS_SETTINGS = {"fast": {}, "fast, bound kept at two": {"inflight_deepest": 2},
                 "fast, bound kept at eight": {"inflight": 8, "inflight_deepest": 8}}
 SETTINGS = ("co-execution", "mps", *TGS_SETTINGS)
@@ -127,37 +138,46 @@ SETTINGS = ("co-execution", "mps", *TGS_SETTINGS)
 
 def report(res: dict, duty: float, gap_ms: float, quick: bool) -> tuple[dict, str]:
     """The result and its Markdown table from the measured rates: a row per setting that
-    ran; where the MPS baseline did not, the text says why."""
+    ran (a TGS setting's figures the mean of its windows, each window's share of the idle
+    time beside them); where the MPS baseline did not, the text says why."""
     rows, summary = [], {}
+
+    def share(rates: dict) -> float:
+        return rates["opp"] / res["excl_opp"] / (1 - duty) if duty < 1 else float("nan")
+
     for name in [n for n in SETTINGS if n in res]:
         p = res[name]["prod"] / res["excl_prod"]
         o = res[name]["opp"] / res["excl_opp"]
-        idle = o / (1 - duty) if duty < 1 else float("nan")
+        idle = share(res[name])
         summary[name] = {"production_ratio": round(p, 3), "opportunistic_ratio": round(o, 3),
                          "idle_share": round(idle, 3)}
+        each = res.get(f"{name}_windows", [])
+        if len(each) > 1:
+            summary[name]["idle_share_windows"] = [round(share(w), 3) for w in each]
         label = f"MPS, opportunistic on {res['mps_percent']} % of the SMs" if name == "mps" else name
-        rows.append([label, f"{p:.3f}", f"{o:.3f}", f"{idle:.3f}"])
+        rows.append([label, f"{p:.3f}", f"{o:.3f}", f"{idle:.3f}",
+                     " / ".join(f"{x:.3f}" for x in summary[name].get("idle_share_windows", [])) or "-"])
     result = {"benchmark": "pytorch", "simulated": False, "machine": machine("real GPU"), "quick": quick,
               "raw": res, "production_duty": round(duty, 3), "summary": summary}
     md = (f"### pytorch: ResNet-50 (production, {gap_ms:g} ms CPU gap per step, duty {duty:.2f}) beside a "
           f"GPT-2-small-sized decoder (opportunistic), real GPU, {result['machine']['date']}, "
           f"commit {result['machine']['commit']}\n\n"
-          + table(["setting", "production / exclusive", "opportunistic / exclusive", "share of idle time"], rows)
+          + table(["setting", "production / exclusive", "opportunistic / exclusive", "share of idle time",
+                   "share in each window"], rows)
           + f"\n\nExclusive: ResNet-50 {res['excl_prod']:.2f} it/s (batch 64), GPT-2-small-sized "
           f"{res['excl_opp']:.2f} it/s (batch 8 x 512 tokens). "
           + (f"MPS baseline not run: {res['mps_not_run']}." if res.get("mps_not_run") else
              "MPS: production at normal priority with every SM, opportunistic at below-normal priority "
              "(CUDA_MPS_CLIENT_PRIORITY=1) on the idle share of the SMs (CUDA_MPS_ACTIVE_THREAD_PERCENTAGE), "
              "neither with libtgs.so.")
-          + "".join(f"\n\ntgsd in TGS {name}'s window (`tgs status`, every 0.5 s): "
-                    + ControllerTrace.describe(res[f"{name}_tgsd"]) + "." + _starts_per_step(res, name)
-                    for name in TGS_SETTINGS if f"{name}_tgsd" in res))
+          + "".join(f"\n\ntgsd in TGS {name}'s window {i + 1} (`tgs status`, every 0.5 s): "
+                    + ControllerTrace.describe(s) + "." + _starts_per_step(s, res[f"{name}_windows"][i]["prod"])
+                    for name in TGS_SETTINGS for i, s in enumerate(res.get(f"{name}_tgsd", []))))
     return result, md
 
 
-def _starts_per_step(res: dict, name: str) -> str:
+def _starts_per_step(tgsd: dict, steps_per_s: float) -> str:
     """Iteration starts production's shims marked per ResNet-50 step (1: the step's one
     synchronisation; more: it synchronises within the step, and each one opens the gate)."""
-    starts = res[f"{name}_tgsd"].get("production_iteration_starts_per_s")
-    steps = res[name]["prod"]
-    return "" if not starts or not steps else f" That is {starts / steps:.2f} iteration starts per ResNet-50 step."
+    starts = tgsd.get("production_iteration_starts_per_s")
+    return "" if not starts or not steps_per_s else f" That is {starts / steps_per_s:.2f} iteration starts per ResNet-50 step."

@@ -34,14 +34,13 @@ class Step:
 
 
 # In the order they run; the seconds were measured by this suite on simgpu (2 cores, 2026-11-22)
-# except pytorch's (full: 231 s on an H100 on 2026-11-24 with six windows, and about 40 s for
-# each of the seventh and eighth, TGS with the bound kept at two and at eight, added since;
-# quick: a guess), the 120 s (50 s quick)
+# except pytorch's (full: 317 s on an H200 on 2026-11-27 with eight windows, about 40 s each,
+# and three more since, each TGS setting's second window; quick: a guess), the 120 s (50 s quick)
 # of isolation's four rows of other kernels added on 2026-11-23 (their runs' lengths) and 36 s
 # for its fifth (2026-11-24, 24 s runs in either mode; quick: 176 s in the suite with a run of
 # 7.2 s, 17 s added), and dynamics' with its handover phases (2026-11-23: 266 s, 147 s
 # quick, run alone).
-PLAN = (Step("isolation", 446, 195), Step("pytorch", 315, 200), Step("oversubscription", 115, 70),
+PLAN = (Step("isolation", 446, 195), Step("pytorch", 440, 200), Step("oversubscription", 115, 70),
         Step("dynamics", 270, 150), Step("multi", 150, 45), Step("overhead", 90, 15))
 GRACE_S = 30  # what an interrupted benchmark gets to clean up
 

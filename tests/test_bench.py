@@ -205,16 +205,22 @@ def test_the_pytorch_table_has_the_mps_row_when_it_ran_and_says_why_when_not():
                                "inflight_max": 2},
                 "containers": [{"id": "p", "class": "production", "busy_s": 0.5 * t, "iteration_starts": int(29.4 * t)}]}
 
-    res["fast_tgsd"] = ControllerTrace([(t, gpu(t)) for t in (1.0, 6.0)]).summary()
+    res["fast_windows"] = [res["fast"]]
+    res["fast_tgsd"] = [ControllerTrace([(t, gpu(t)) for t in (1.0, 6.0)]).summary()]
     result, md = report(res, duty=0.4, gap_ms=40, quick=True)
-    assert "tgsd in TGS fast's window (`tgs status`, every 0.5 s): the opportunistic shims watched production " \
+    assert "tgsd in TGS fast's window 1 (`tgs status`, every 0.5 s): the opportunistic shims watched production " \
            "in 2 of 2 status samples (the controller's figure beside it: 0.01 s/s, median)" in md
     assert "That is 2.00 iteration starts per ResNet-50 step." in md  # 29.4 starts/s at 14.7 it/s
-    assert result["raw"]["fast_tgsd"]["watched"] == 2
-    res["fast, bound kept at two"] = {"prod": 14.7, "opp": 7.5}  # the A/B row, side by side
-    result, md = report(res, duty=0.4, gap_ms=40, quick=True)
+    assert result["raw"]["fast_tgsd"][0]["watched"] == 2
+    assert "idle_share_windows" not in result["summary"]["fast"]  # one window: nothing beside the figure
+    # the A/B row, side by side, over two windows: its figures are their mean, each window's share beside it
+    res["fast, bound kept at two_windows"] = [{"prod": 14.7, "opp": 9.0}, {"prod": 14.7, "opp": 6.0}]
+    res["fast, bound kept at two"] = {"prod": 14.7, "opp": 7.5}
+    result, md = report(res, duty=0.4, gap_ms=40, quick=False)
     assert list(result["summary"]) == ["co-execution", "fast", "fast, bound kept at two"]
-    assert "| fast, bound kept at two | 0.980                  | 0.300                     | 0.500" in md
+    assert result["summary"]["fast, bound kept at two"]["idle_share_windows"] == [0.6, 0.4]
+    assert "| fast, bound kept at two | 0.980                  | 0.300                     | 0.500" \
+           "              | 0.600 / 0.400" in md
 
 
 def test_oversubscription_s_multiple_of_co_execution_comes_from_the_rates_not_the_rounded_ratios():

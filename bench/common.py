@@ -72,6 +72,19 @@ def controllers() -> list[str]:
     return wanted
 
 
+SHIM_LOG_LEVELS = ("error", "warn", "info", "debug")
+
+
+def shim_log_level() -> str:
+    """The log level of the benchmarks' TGS containers' shims: TGS_BENCH_SHIM_LOG (default
+    error; the shims' logs are kept beside tgsd's, under TGS_BENCH_LOGS)."""
+    level = os.environ.get("TGS_BENCH_SHIM_LOG", "error").strip().lower()
+    if level not in SHIM_LOG_LEVELS:
+        raise BadSetting(f"TGS_BENCH_SHIM_LOG={os.environ.get('TGS_BENCH_SHIM_LOG')!r}: "
+                         f"expected one of {', '.join(SHIM_LOG_LEVELS)}")
+    return level
+
+
 def median(xs: Sequence[float]) -> float:
     return statistics.median(xs) if xs else float("nan")
 

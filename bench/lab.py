@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterator
 
-from bench.common import every
+from bench.common import every, shim_log_level
 from tgs_runtime import proto, sim
 from tgs_runtime.childd import ChildTgsd, merge, own_config
 from tgs_runtime.paths import artifacts
@@ -30,10 +30,18 @@ class Job:
     label: str
     proc: subprocess.Popen
     started: float
+    log: Path  # its stderr (a file, not a pipe: a shim logging at debug level would fill a pipe and block)
     reports: list[Report] = field(default_factory=list)
-    stderr: str = ""
     arrivals: list[float] = field(default_factory=list)  # monotonic time each report came
     errors: list[str] = field(default_factory=list)
+
+    @property
+    def stderr(self) -> str:
+        """What it wrote to stderr so far."""
+        try:
+            return self.log.read_text(errors="replace")
+        except OSError:
+            return ""
 
     def _read(self) -> None:
         for line in self.proc.stdout:
@@ -49,7 +57,6 @@ class Job:
     def wait(self, timeout: float = 600) -> int:
         rc = self.proc.wait(timeout)
         self._reader.join(10)
-        self.stderr = self.proc.stderr.read() if self.proc.stderr else ""
         return rc
 
     def finish(self, timeout: float) -> int | None:
@@ -252,15 +259,16 @@ class Lab:
     def container(self, cls: str) -> dict[str, str]:
         """Registers a container with tgsd; the environment its processes run with."""
         assert self.tgsd, "this lab has no tgsd"
-        return self.tgsd.register(cls).env(artifacts().shim, log_level="error")
+        return self.tgsd.register(cls).env(artifacts().shim, log_level=shim_log_level())
 
     def run(self, w: Workload | list[str], label: str, container: dict | None = None) -> Job:
         """Starts a workload (or any program printing the workload's JSON lines)."""
         env = sim.job_env(self.settings, label, container)
         argv = w.argv(artifacts().workload) if isinstance(w, Workload) else w
-        proc = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE,
-                                stderr=subprocess.PIPE, text=True)
-        job = Job(label, proc, time.monotonic())
+        log = self.dir / f"job{len(self.jobs)}-{label}.stderr.txt"
+        with open(log, "w") as err:
+            proc = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=err, text=True)
+        job = Job(label, proc, time.monotonic(), log)
         job._reader = threading.Thread(target=job._read, daemon=True)
         job._reader.start()
         self.jobs.append(job)
@@ -298,11 +306,16 @@ class Lab:
     def close(self) -> None:
         for j in self.jobs:
             j.kill()
+            j.proc.wait()
+        keep = os.environ.get("TGS_BENCH_LOGS")  # a folder to keep tgsd's log and the jobs' stderr in
+        if keep:
+            Path(keep).mkdir(parents=True, exist_ok=True)
+            for j in self.jobs:
+                if j.log.exists() and j.log.stat().st_size:
+                    shutil.copy(j.log, Path(keep) / f"{self.dir.name}-{j.log.name}")
         if self.tgsd:
             self.tgsd.close()
-            keep = os.environ.get("TGS_BENCH_LOGS")  # a folder to keep tgsd's log in
             if keep:
-                Path(keep).mkdir(parents=True, exist_ok=True)
                 shutil.copy(self.dir / "tgsd.log", Path(keep) / f"tgsd-{self.dir.name}.log")
         shutil.rmtree(self.dir, ignore_errors=True)
 

@@ -8,6 +8,7 @@ import inspect
 import json
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -16,7 +17,7 @@ from bench.dynamics import settle
 from bench.lab import ControllerTrace, Job, Lab, opportunistic, production
 from tgs_runtime import proto
 from tgs_runtime.commands.bench import BENCHMARKS
-from tgs_runtime.workload import Report
+from tgs_runtime.workload import Report, Workload
 
 
 @pytest.mark.parametrize("name", sorted(BENCHMARKS))
@@ -27,7 +28,7 @@ def test_each_listed_benchmark_has_a_run(name):
 
 def job_with(points: list[tuple[float, int]]) -> Job:
     """A job whose reports came at monotonic times t with `iterations` done by then."""
-    job = Job("synthetic", proc=None, started=0.0)
+    job = Job("synthetic", proc=None, started=0.0, log=Path("/nonexistent"))
     for t, its in points:
         job.reports.append(Report(iterations_per_s=0, iterations=its, kernels=0, elapsed_s=t))
         job.arrivals.append(t)
@@ -123,6 +124,29 @@ def test_the_controllers_to_compare_come_from_the_environment_and_a_typo_stops_t
         out = CliRunner().invoke(bench_cmd, [name])
         assert out.exit_code == 1 and "TGS_BENCH_CONTROLLERS='fats': expected" in out.output, out.output
         assert "solo" not in out.output
+
+
+def test_the_shims_log_level_is_checked_before_anything_runs_and_their_logs_are_kept(monkeypatch, tmp_path, libshim):
+    """TGS_BENCH_SHIM_LOG sets the TGS containers' shims' level; a bad one is told at once.
+    With TGS_BENCH_LOGS, each job's stderr is kept beside tgsd's log: a file, not a pipe,
+    which a shim logging at debug level would fill (the job then blocks on its write)."""
+    from click.testing import CliRunner
+
+    from bench.lab import Lab
+    from tgs_runtime.commands.bench import bench_cmd
+
+    monkeypatch.setenv("TGS_BENCH_SHIM_LOG", "verbose")
+    out = CliRunner().invoke(bench_cmd, ["multi", "--quick"])
+    assert out.exit_code == 1 and "TGS_BENCH_SHIM_LOG='verbose': expected one of error, warn, info, debug" in out.output
+    assert "JCT" not in out.output, out.output
+    monkeypatch.setenv("TGS_BENCH_SHIM_LOG", "debug")
+    monkeypatch.setenv("TGS_BENCH_LOGS", str(tmp_path))
+    with Lab(tgsd={}) as lab:
+        job = lab.run(Workload(kernel_us=200, kernels=10, seconds=1.5, report_s=0.5), "opp", lab.container("opportunistic"))
+        assert job.finish(60) == 0, job.stderr
+    kept = [p for p in tmp_path.iterdir() if p.name.endswith("-opp.stderr.txt")]
+    assert len(kept) == 1 and " debug: its kernels run " in kept[0].read_text(), kept
+    assert any(p.name.startswith("tgsd-") for p in tmp_path.iterdir())
 
 
 def test_the_dynamics_plot_draws_one_controller_as_well_as_two():

@@ -27,7 +27,8 @@ HELP = ("Run benchmark NAME side by side in one run, and write JSON, a Markdown 
         + "\n\nOn a machine with an NVIDIA GPU the GPU benchmarks use it, else simgpu.\n\n\b\n"
         "Environment:\n"
         "TGS_BENCH_CONTROLLERS=fast  isolation and dynamics run only these (default tgs-paper,fast)\n"
-        "TGS_BENCH_LOGS=DIR          keep each benchmark tgsd's log there\n"
+        "TGS_BENCH_LOGS=DIR          keep each benchmark tgsd's log there, and its jobs' stderr\n"
+        "TGS_BENCH_SHIM_LOG=debug    the TGS containers' shims log at this level (default error)\n"
         "TGS_BENCH_BUDGET=24G        the benchmark tgsd's memory budget on a real GPU\n"
         "TGS_SUITE_MINUTES=10        the suite's whole time")
 
@@ -43,8 +44,9 @@ def bench_cmd(name: str, json_path: Path | None, quick: bool) -> None:
     if str(REPO_ROOT) not in sys.path:
         sys.path.insert(0, str(REPO_ROOT))
     module = importlib.import_module(f"bench.{name}")
-    from bench.common import BadSetting
+    from bench.common import BadSetting, shim_log_level
     try:
+        shim_log_level()  # a bad setting is told before anything runs
         module.run(echo=click.echo, quick=quick, json_path=json_path)
     except (MissingArtifact, DockerUnavailable, BadSetting) as e:
         raise click.ClickException(str(e)) from e

@@ -3,7 +3,9 @@ Budgets are written into control blocks directly (tests/harness/shimside.py); bo
 loose and read from simgpu's own accounting."""
 from __future__ import annotations
 
+import dataclasses
 import json
+import re
 import subprocess
 import time
 
@@ -298,6 +300,29 @@ def test_a_job_whose_kernels_keep_their_lengths_is_timed_less_often(simgpu, cont
     assert p.wait() == 0, p.stderr
     assert "times one launch in 256 (its kernels' lengths confirmed)" in p.stderr, p.stderr[-2000:]
     assert busy >= 0.8, f"the engine ran the job {busy:.0%} of the time"
+
+
+def test_at_debug_level_a_launch_held_back_says_why(simgpu, container, libshim):
+    """Beside production's 10 ms gaps, anticipation holds back a 1 ms kernel that would
+    still run when production is next due; at debug level the shim says so, with what
+    decided it: the kernel's expected length, how far ahead its own queue was expected to
+    end, and when production was due (held: it was due before both would be done)."""
+    prod = container(proto.Class.PRODUCTION, "prod")
+    opp = container(proto.Class.OPPORTUNISTIC, "opp")
+    opp.control.set_budget(0, rate=proto.RATE_UNLIMITED, inflight=2, gate=True, anticipate=True)
+    p = simgpu.workload(HALF, "prod", prod.env(libshim.shim))
+    o = simgpu.workload(dataclasses.replace(GPU_BOUND, seconds=4), "opp",
+                        {**opp.env(libshim.shim), "TGS_LOG_LEVEL": "debug"})
+    assert o.wait() == 0, o.stderr
+    p.wait()
+    held = re.findall(r"held a launch back ([\d.]+) ms anticipating production: the kernel expected to run ([\d.]+) us, "
+                      r"its queue to end ([\d.]+) ms ahead, production due in (-?[\d.]+) ms", o.stderr)
+    assert 2 <= len(held) <= 5, f"once a second at most, over about 4 s: {held}"
+    for ms, kernel_us, ahead_ms, due_ms in (map(float, h) for h in held):
+        assert ms >= 0.5 and due_ms < ahead_ms + kernel_us / 1e3, f"held though both would be done before production: {held}"
+    # the first, in the first second, may take the kernel for 3-4 ms (its first timings
+    # waited behind other work); by the last the shim knows it
+    assert 700 <= float(held[-1][1]) <= 1500, held
 
 
 def test_production_marks_each_iteration_start_for_tgsd_to_time(simgpu, container, libshim):

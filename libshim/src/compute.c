@@ -24,6 +24,7 @@
 #include "tgs.h"
 #include "kernel_length.h"
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -929,6 +930,43 @@ __attribute__((noinline)) static uint64_t hold_back_until(struct tgs_gpu *g, uin
     return look;
 }
 
+/* What a launch held back by anticipation saw when it was first held: for the debug log
+ * that says why (the kernel's expected length, how far ahead its process's queue was
+ * expected to end, and when production was next due). */
+struct held {
+    uint64_t from, ns;    /* held from then (0: not held), for this long in all */
+    uint64_t ahead, due;  /* its queue's expected end, production's soonest due time: from `from` */
+};
+
+__attribute__((noinline)) static void held_first(struct tgs_gpu *g, struct held *h, uint64_t now) {
+    h->from = now;
+    h->ns = 0;
+    h->ahead = g->queue_end_ns > now ? g->queue_end_ns - now : 0;
+    h->due = UINT64_MAX;
+    uint32_t n = __atomic_load_n(g->expect_slots, __ATOMIC_ACQUIRE);
+    for (uint32_t i = 0; i < n && i < TGS_EXPECT_SLOTS; i++) {
+        uint64_t due = __atomic_load_n(&g->expect[i].due_ns, __ATOMIC_RELAXED);
+        if (now < __atomic_load_n(&g->expect[i].due_until_ns, __ATOMIC_ACQUIRE) && due < h->due)
+            h->due = due;
+    }
+}
+
+/* At debug level, a launch held back half a millisecond or more says why, once a second
+ * at most per process. */
+#define HELD_LOG_NS 500000ull
+__attribute__((noinline)) static void held_log(const struct held *h, uint64_t k) {
+    static uint64_t last;
+    if (h->ns < HELD_LOG_NS || (last && h->from < last + 1000000000ull))
+        return;
+    last = h->from;
+    char due[48] = "not known";
+    if (h->due != UINT64_MAX)
+        snprintf(due, sizeof due, "in %.2f ms", ((double)h->due - (double)h->from) / 1e6); /* < 0: overdue */
+    tgs_log(TGS_LOG_DEBUG, "held a launch back %.2f ms anticipating production: the kernel expected to run %.1f us, "
+            "its queue to end %.2f ms ahead, production due %s", (double)h->ns / 1e6, (double)k / 1e3,
+            (double)h->ahead / 1e6, due);
+}
+
 static int must_hold_back(struct tgs_gpu *g, uint64_t now, int anticipate, uint64_t k) {
     return must_wait_for_production(g, now) || (anticipate && hold_back_until(g, now, k));
 }
@@ -969,13 +1007,20 @@ static uint64_t opportunistic_admit(struct tgs_gpu *g, struct launch *L, CUstrea
     uint64_t k = timing ? kernel_expected(g, kn) : 0; /* read only when timing */
     uint64_t cost = kernel_cost(kn);
     int paid = 0; /* tokens are spent once per launch, however often production makes it wait */
+    struct held held;
+    held.from = 0; /* the rest is set when it is first held, at debug level */
     for (;;) {
         for (;;) {
             if (must_wait_for_production(g, now)) {
                 wait_for_production(g, now, s);
             } else if (anticipate && (until = hold_back_until(g, now, k))) {
+                if (!held.from && tgs_log_level >= TGS_LOG_DEBUG)
+                    held_first(g, &held, now);
                 tgs_sleep_until(until);
-                count_wait(&g_tgs.shim->anticipation_wait_ns, tgs_now() - now);
+                uint64_t slept = tgs_now() - now;
+                if (held.from)
+                    held.ns += slept;
+                count_wait(&g_tgs.shim->anticipation_wait_ns, slept);
             } else {
                 break;
             }
@@ -1006,6 +1051,8 @@ static uint64_t opportunistic_admit(struct tgs_gpu *g, struct launch *L, CUstrea
         if (must_wait_for_production(g, now))
             count_gated(g, now - before, now - before);
     }
+    if (held.from)
+        held_log(&held, k);
     if (timing) {
         uint64_t q = g->queue_end_ns;
         g->queue_end_ns = (q > now ? q : now) + k;

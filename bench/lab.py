@@ -306,7 +306,10 @@ class Lab:
     def close(self) -> None:
         for j in self.jobs:
             j.kill()
-            j.proc.wait()
+            try:
+                j.proc.wait(30)  # its stderr complete before it is kept
+            except subprocess.TimeoutExpired:
+                pass
         keep = os.environ.get("TGS_BENCH_LOGS")  # a folder to keep tgsd's log and the jobs' stderr in
         if keep:
             Path(keep).mkdir(parents=True, exist_ok=True)

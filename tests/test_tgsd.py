@@ -657,6 +657,32 @@ def test_opportunistic_kernels_keep_clear_of_production_s_next_iteration(simgpu,
     assert got["opp"] >= 0.75 * idle, f"opportunistic got {got['opp']:.2f} s of the engine; idle was {idle:.2f} s"
 
 
+def test_an_opportunistic_job_whose_kernels_read_long_still_gets_the_idle_time(simgpu, tgsd, libshim):
+    """Every event timing of the opportunistic job reads four times too long
+    (SIMGPU_FAULT=long-timings): its 50 us kernels are expected to run 200 us. Launching
+    1,000 of them between synchronisations, it expected its queue to end further ahead with
+    each launch, and anticipation held it back for work long done: it got 0.25 of
+    production's idle time here. The batches of the in-flight bound, found done, bring that
+    expectation back to the GPU: 0.89 (3 runs of 3)."""
+    d = tgsd()
+    prod, opp = d.register("production"), d.register("opportunistic")
+    p = simgpu.workload(HALF, "prod", prod.env(libshim.shim))
+    o = simgpu.workload(Workload(kernel_us=50, kernels=1000, seconds=9, report_s=0.5), "opp",
+                        {**opp.env(libshim.shim), "SIMGPU_FAULT": "long-timings"})
+    simgpu.wait_for_contexts(["prod", "opp"])
+    time.sleep(3)
+    before, after = simgpu.snapshots(4)
+    p.kill()
+    o.kill()
+    got = sim.busy_between(before, after)
+    iterations = sim.between(before, after, "kernels")["prod"] / HALF.kernels
+    waited = sim.between(before, after, "waited_ns")["prod"] / 1e9
+    assert iterations > 100, f"production ran {iterations} iterations in 4 s"
+    assert waited / iterations < 0.15e-3, f"production waited {waited / iterations * 1e3:.3f} ms per iteration"
+    idle = 4 - got["prod"]
+    assert got["opp"] >= 0.6 * idle, f"opportunistic got {got['opp']:.2f} s of the engine; idle was {idle:.2f} s"
+
+
 def test_each_production_process_is_anticipated(simgpu, tgsd, libshim):
     """Two production processes of 25 % duty (20 and 22 ms iterations) wait for each other
     now and then; beside a GPU-bound opportunistic job they should wait no more than that.

@@ -1030,6 +1030,8 @@ SIM_API CUresult CUDAAPI cuEventElapsedTime_v2(float *pMilliseconds, CUevent hSt
     if ((r = cuEventQuery(hStart)) != CUDA_SUCCESS || (r = cuEventQuery(hEnd)) != CUDA_SUCCESS)
         return r;
     *pMilliseconds = (float)(((double)b->time_ns - (double)a->time_ns) / 1e6);
+    if (g_sim.fault_long_timings)
+        *pMilliseconds *= SIM_LONG_TIMINGS;
     return CUDA_SUCCESS;
 }
 SIM_API CUresult CUDAAPI cuEventElapsedTime(float *pMilliseconds, CUevent hStart, CUevent hEnd) {

@@ -31,6 +31,7 @@
 #define SIM_MAGIC 0x31305550474d4953ULL /* "SIMGPU01" */
 #define SIM_STATE_VERSION 5u
 #define SIM_SLOW_LAUNCH_US 5000 /* SIMGPU_FAULT=slow-launch: what a launch call takes */
+#define SIM_LONG_TIMINGS 4 /* SIMGPU_FAULT=long-timings: what event timings are multiplied by */
 #define SIM_MAX_DEVICES 8
 #define SIM_MAX_PROCS 256
 #define SIM_MAX_CTX 64        /* context slots per device (live and recently ended) */
@@ -156,6 +157,7 @@ struct sim_global {
     int fault_drop_writeback;
     int fault_slow_launch; /* each launch call takes SIM_SLOW_LAUNCH_US before its kernel is queued */
     int fault_copy_pages;  /* managed pages are copied, as where the kernel cannot move them */
+    int fault_long_timings; /* event timings read SIM_LONG_TIMINGS times the time between the events */
     /* CUDA_VISIBLE_DEVICES / SIMGPU_VISIBLE_DEVICES: ordinal -> state device */
     int nvisible;
     int visible[SIM_MAX_DEVICES];

@@ -292,6 +292,7 @@ int sim_open_state_at(const char *path, int create) {
     g_sim.fault_drop_writeback = fault && strstr(fault, "drop-writeback");
     g_sim.fault_slow_launch = fault && strstr(fault, "slow-launch");
     g_sim.fault_copy_pages = fault && strstr(fault, "copy-pages");
+    g_sim.fault_long_timings = fault && strstr(fault, "long-timings");
     struct sim_settings set;
     if (read_settings(&set))
         return -1;

@@ -101,6 +101,8 @@ struct tgs_gpu { /* one control-block GPU slot, as this process sees it */
     unsigned ev_gen[TGS_INFLIGHT_RING];    /* and the context generation then */
     unsigned ev_covers[TGS_INFLIGHT_RING]; /* the kernels each covers (launched since the one before) */
     uint64_t ev_work[TGS_INFLIGHT_RING];   /* and their cost, ns */
+    uint64_t ev_end[TGS_INFLIGHT_RING];    /* its queue's expected end when each was recorded (0: not known), */
+    unsigned ev_queue[TGS_INFLIGHT_RING];  /* in which of its queues (queue_starts then) */
     unsigned ev_head, ev_count;
     unsigned ev_kernels;                   /* kernels the events in the ring cover */
     uint64_t ev_work_ns;                   /* and their cost */
@@ -123,6 +125,7 @@ struct tgs_gpu { /* one control-block GPU slot, as this process sees it */
     unsigned ntimed;
     uint64_t kernel_ns;                    /* how long its kernels run: their median (0: not known yet) */
     uint64_t queue_end_ns;                 /* when what it launched is expected to be done */
+    unsigned queue_starts;                 /* synchronisations that found it done: each starts a new queue */
     CUevent drain;                         /* recorded behind its queued work when production is found busy */
     CUcontext drain_ctx;
     unsigned drain_gen;

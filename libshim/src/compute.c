@@ -480,20 +480,20 @@ static int inflight_batch_done(uint64_t work, unsigned kernels, uint64_t bound) 
 }
 
 /* At debug level, once a second at most per process: how far its expected queue end moved
- * since the last such line, each way. */
-__attribute__((noinline)) static void queue_end_log(int back, uint64_t by, uint64_t now) {
-    static uint64_t since, moved[2], moves[2];
-    moved[back] += by;
-    moves[back]++;
+ * back since the last such line. */
+__attribute__((noinline)) static void queue_end_log(uint64_t by, uint64_t now) {
+    static uint64_t since, moved, moves;
+    moved += by;
+    moves++;
     if (!since)
         since = now;
     if (now < since + 1000000000ull)
         return;
-    tgs_log(TGS_LOG_DEBUG, "in %.2f s its queue's expected end moved back %.2f ms in all (%llu batches of its kernels "
-            "done before they were expected to end) and on %.2f ms (%llu waited for past it)", (double)(now - since) / 1e9,
-            (double)moved[1] / 1e6, (unsigned long long)moves[1], (double)moved[0] / 1e6, (unsigned long long)moves[0]);
+    tgs_log(TGS_LOG_DEBUG, "in %.2f s its queue's expected end moved back %.2f ms in all: %llu batches of its kernels "
+            "were done before they were expected to end", (double)(now - since) / 1e9, (double)moved / 1e6,
+            (unsigned long long)moves);
     since = now;
-    moved[0] = moved[1] = moves[0] = moves[1] = 0;
+    moved = moves = 0;
 }
 
 /* The kernels launched since the last event and their cost share one word (the count in
@@ -511,38 +511,38 @@ static int inflight_full(struct tgs_gpu *g, uint64_t bound, uint64_t cost) {
     return n >= TGS_INFLIGHT_RING || (w && w + cost > bound);
 }
 
-/* Batch h of its kernels was done at `now` (and running just before if `waited`: it ended
- * about now). The process's expected queue end (queue_end_ns: each launch adds its kernel's
- * expected length, from when the queue before it was expected to end, until a
- * synchronisation finds the queue done) moves by what the batch's own expected end was
- * off, and so do the later batches': back where the batch was done before it was expected
- * to end (each kernel behind it was launched before now, so they were expected to run back
- * to back from the batch's end: the move is exact), on where it was waited for past that
- * end (an expectation behind the GPU would let a kernel start into production's due
- * time). Lengths read too long (event timings that took in another context's time slice)
- * ran the expectation ahead of the GPU by the error of every kernel launched since the
- * last synchronisation, and anticipation held back kernels for work long done: on simgpu,
- * with every timing read four times too long, a job of 20 us kernels synchronising every
- * 40 ms had 0.26 of production's idle time at 40 % duty, 0.89 with the move (0.99 with
- * timings read right). Where a process launches on several streams, a batch may be done
- * before kernels of it on other streams: those are taken as done too, as after a
- * synchronisation of one stream. Under the in-flight lock; the expected end itself is
- * written by launching threads without it (a lost update is corrected by the next batch). */
-static void queue_end_seen(struct tgs_gpu *g, unsigned h, uint64_t now, int waited) {
+/* Batch h of its kernels was done by `now`. The process's expected queue end
+ * (queue_end_ns: each launch adds its kernel's expected length, from when the queue before
+ * it was expected to end, until a synchronisation finds the queue done) moves back by as
+ * much as the batch was done before it was expected to end, and so do the later batches'
+ * expected ends: each kernel behind it was launched before now, so they were expected to
+ * run back to back from the batch's end, and the move is exact. Lengths read too long
+ * (an event timing that took in another context's time slice, say) ran the expectation
+ * ahead of the GPU by the error of every kernel launched since the last synchronisation,
+ * and anticipation held kernels back for work long done: on simgpu, with every timing
+ * read four times too long, a job of 20 us kernels synchronising every 40 ms had 0.26 of
+ * production's idle time at 40 % duty, 0.89 with the move (0.99 with timings read right).
+ * It does not move on where a batch was waited for past its expected end: with every
+ * timing read four times too short, that made production wait 0.58 ms per 20 ms
+ * iteration against 0.11 without (tgsd then left the job a higher rate; 2 runs each).
+ * Where a process launches on several streams, a batch may be done before kernels of it
+ * on other streams: those are taken as done too, as after a synchronisation of one
+ * stream. Under the in-flight lock; the expected end itself is written by launching
+ * threads without it (a lost update is corrected by the next batch). */
+static void queue_end_seen(struct tgs_gpu *g, unsigned h, uint64_t now) {
     uint64_t end = g->ev_end[h], q = g->queue_end_ns;
     unsigned starts = g->queue_starts;
-    if (!end || !q || g->ev_queue[h] != starts || (end <= now && !waited))
+    if (end <= now || !q || g->ev_queue[h] != starts)
         return;
-    int back = end > now;
-    uint64_t by = back ? end - now : now - end;
-    g->queue_end_ns = back ? (q > by ? q - by : 0) : q + by;
+    uint64_t by = end - now;
+    g->queue_end_ns = q > by ? q - by : 0;
     for (unsigned j = 1; j < g->ev_count; j++) {
         unsigned i = (h + j) % TGS_INFLIGHT_RING;
         if (g->ev_queue[i] == starts && g->ev_end[i])
-            g->ev_end[i] = back ? (g->ev_end[i] > by ? g->ev_end[i] - by : 1) : g->ev_end[i] + by;
+            g->ev_end[i] = g->ev_end[i] > by ? g->ev_end[i] - by : 1;
     }
     if (tgs_log_level >= TGS_LOG_DEBUG)
-        queue_end_log(back, by, now);
+        queue_end_log(by, now);
 }
 
 /* Waits until a kernel of `cost` fits in the bound (one always fits when nothing is in
@@ -557,12 +557,11 @@ static int inflight_wait(struct tgs_gpu *g, uint64_t bound, uint64_t cost) {
     pthread_mutex_lock(&g->inflight_lock);
     while (g->ev_count && inflight_full(g, bound, cost)) {
         unsigned h = g->ev_head;
-        int running = REAL(cuEventQuery)(g->ev[h]) == CUDA_ERROR_NOT_READY;
-        if (running) {
+        if (REAL(cuEventQuery)(g->ev[h]) == CUDA_ERROR_NOT_READY) {
             REAL(cuEventSynchronize)(g->ev[h]);
             waited = 1;
         }
-        queue_end_seen(g, h, tgs_now(), running);
+        queue_end_seen(g, h, tgs_now());
         __atomic_store_n(&g->ev_kernels, g->ev_kernels - g->ev_covers[h], __ATOMIC_RELAXED);
         __atomic_store_n(&g->ev_work_ns, g->ev_work_ns - g->ev_work[h], __ATOMIC_RELAXED);
         g->ev_head = (h + 1) % TGS_INFLIGHT_RING;

@@ -531,7 +531,7 @@ static int inflight_full(struct tgs_gpu *g, uint64_t bound, uint64_t cost) {
  * threads without it (a lost update is corrected by the next batch). */
 static void queue_end_seen(struct tgs_gpu *g, unsigned h, uint64_t now) {
     uint64_t end = g->ev_end[h], q = g->queue_end_ns;
-    unsigned starts = g->queue_starts;
+    unsigned starts = __atomic_load_n(&g->queue_starts, __ATOMIC_RELAXED);
     if (end <= now || !q || g->ev_queue[h] != starts)
         return;
     uint64_t by = end - now;
@@ -600,7 +600,7 @@ static void inflight_record(struct tgs_gpu *g, CUstream s, uint64_t bound, uint6
         g->ev_covers[i] = n;
         g->ev_work[i] = w;
         g->ev_end[i] = g->queue_end_ns;
-        g->ev_queue[i] = g->queue_starts;
+        g->ev_queue[i] = __atomic_load_n(&g->queue_starts, __ATOMIC_RELAXED);
         __atomic_store_n(&g->ev_kernels, g->ev_kernels + n, __ATOMIC_RELAXED);
         __atomic_store_n(&g->ev_work_ns, g->ev_work_ns + w, __ATOMIC_RELAXED);
         g->ev_count++;

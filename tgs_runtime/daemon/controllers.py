@@ -575,14 +575,12 @@ class FastController:
                              rate=UNLIMITED if lift else new)
                 self.rate_good = self.rate
             else:
-                before, trial = self.bound.before, self.bound.kernels
-                move = self.bound.holds(t, long_o)
-                if move is Move.TRIED:
+                verdict = self.bound.holds(t, long_o)
+                if verdict.move is Move.TRIED:
                     self._change(t, f"production holds: in-flight bound {self.bound.kernels} tried")
                     return self._budget()
-                if move is Move.BACK:
-                    self._change(t, f"opportunistic work at {long_o:,.0f} blocks/s under in-flight bound {trial}, "
-                                 f"{before:,.0f} under {self.bound.kernels}: back to {self.bound.kernels}")
+                if verdict.move is Move.BACK:
+                    self._change(t, verdict.why)
                     return self._budget()
             if t - self.profiled_at > self.cfg.reprofile_s:
                 self._profile(t, "periodic", periodic=True)

@@ -47,6 +47,13 @@ class Move(enum.Enum):
     BACK = "back"      # a deeper trial cost opportunistic work its progress: back to the bound held
 
 
+@dataclass(frozen=True)
+class Verdict:
+    """`InflightBound.holds`'s answer: what it did, and why in words where it went back."""
+    move: Move
+    why: str = ""
+
+
 @dataclass
 class Backoff:
     """How long a trial waits after the last one failed: `base_s` at first, twice as long
@@ -126,7 +133,7 @@ class InflightBound:
         self._set(t, 1)
         return True
 
-    def holds(self, t: float, opportunistic: float) -> Move:
+    def holds(self, t: float, opportunistic: float) -> Verdict:
         """Production holds and opportunistic work has no rate limit, and progressed at
         `opportunistic` blocks/s since the bound last changed: settles a trial held long
         enough (a deeper one only where opportunistic work did not lose by it: else back to
@@ -135,10 +142,12 @@ class InflightBound:
         as deep as the bound held for DEEPEN_S)."""
         if self.trying_since is not None:
             if t - self.trying_since < (DEEPEN_S if self.deeper else TRY_S):
-                return Move.NONE
+                return Verdict(Move.NONE)
             if self.deeper and opportunistic < (1 - DEEPER_LOSS) * self.before:
+                why = (f"opportunistic work at {opportunistic:,.0f} blocks/s under in-flight bound {self.kernels}, "
+                       f"{self.before:,.0f} under {self.held}: back to {self.held}")
                 self._fail_deeper(t)
-                return Move.BACK
+                return Verdict(Move.BACK, why)
             if self.deeper:
                 self.deepen.succeeded()
             self.held, self.calm_since = self.kernels, self.trying_since  # the trial was calm
@@ -146,17 +155,17 @@ class InflightBound:
             self.retry.succeeded()
         if self.retry.waiting:
             if self.kernels != 1 or not self.retry.over(t):
-                return Move.NONE
+                return Verdict(Move.NONE)
             self.retry.stop()
             self._set(t, self.held, trial=True)
-            return Move.TRIED
+            return Verdict(Move.TRIED)
         if self.calm_since is None:
             self.calm_since = t
         if 0 < self.kernels < self.deepest and t - self.calm_since >= DEEPEN_S and self.deepen.over(t):
             self.before = opportunistic
             self._set(t, min(2 * self.kernels, self.deepest), trial=True)
-            return Move.TRIED
-        return Move.NONE
+            return Verdict(Move.TRIED)
+        return Verdict(Move.NONE)
 
     def _fail_deeper(self, t: float) -> None:
         """A deeper trial failed (harm, or opportunistic work lost by it): back to the bound

@@ -204,7 +204,7 @@ class ControllerTrace:
                    f"{s['production_iteration_starts_per_s']:g} iterations/s, the opportunistic "
                    f"ones waited behind it {s['opportunistic_gated_per_s']:g} s/s with their own work beside it "
                    f"{s['opportunistic_beside_per_s']:g} s/s, and "
-                   + _waits({k: s.get(f"opportunistic_{k}_per_s") for k in proto.SHIM_WAITS}))
+                   + proto.waits_in_words({k: s.get(f"opportunistic_{k}_per_s") for k in proto.SHIM_WAITS}, "s/s"))
         return (f"the opportunistic shims watched production in {s['watched']} of {s['samples']} status samples"
                 + ("" if beside is None else f" (the controller's figure beside it: {beside:g} s/s, median)")
                 + counted + f"; in-flight bound {s['inflight_max']}; rate unlimited in {s['unlimited']}"
@@ -214,14 +214,8 @@ class ControllerTrace:
                 + ("" if not s.get("opportunistic_by_bound") else
                    "; under each in-flight bound, opportunistic " + "; ".join(
                        f"{b}: {v['blocks_per_s']:,} blocks/s, "
-                       + _waits({k: v.get(f"{k}_per_s") for k in proto.WAIT_CAUSES})
+                       + proto.waits_in_words({k: v.get(f"{k}_per_s") for k in proto.WAIT_CAUSES}, "s/s")
                        for b, v in s["opportunistic_by_bound"].items())))
-
-
-def _waits(per_s: dict[str, float | None]) -> str:
-    """Waits by cause in words: 'waited 0.3 s/s at the in-flight bound, ...'."""
-    known = [f"{v:g} s/s {proto.WAIT_CAUSES[k]}" for k, v in per_s.items() if v is not None]
-    return "waited " + ", ".join(known) if known else "waits not counted"
 
 
 def production(duty: float, seconds: float, **kw) -> Workload:

@@ -141,6 +141,13 @@ def wait_key(cause: str) -> str:
     return "gated_s" if cause == "gated" else f"{cause}_wait_s"
 
 
+def waits_in_words(amounts: dict[str, float | None], unit: str, fmt: str = "g") -> str:
+    """Waits by cause in words, each amount in `unit`: 'waited 0.3 s/s behind production,
+    ...' (a cause whose amount is None was not counted)."""
+    known = [f"{v:{fmt}} {unit} {WAIT_CAUSES[k]}" for k, v in amounts.items() if v is not None]
+    return "waited " + ", ".join(known) if known else "waits not counted"
+
+
 class ShimPart(Struct):
     _c_name_ = "tgs_shim_part"
     _fields_ = [("processes", u32), ("pad", u32), ("inflight_wait_ns", u64), ("anticipation_wait_ns", u64),

@@ -17,8 +17,8 @@ def _mem(n) -> str:
 
 def _waited(c: dict) -> str:
     """An opportunistic container's launching threads' waits since it started, by cause."""
-    return "since it started, waited " + ", ".join(
-        f"{c.get(proto.wait_key(cause), 0):.1f} s {words}" for cause, words in proto.WAIT_CAUSES.items())
+    return "since it started, " + proto.waits_in_words(
+        {cause: c.get(proto.wait_key(cause), 0) for cause in proto.WAIT_CAUSES}, "s", ".1f")
 
 
 @click.command("status")

@@ -515,8 +515,10 @@ static int inflight_full(struct tgs_gpu *g, uint64_t bound, uint64_t cost) {
  * (queue_end_ns: each launch adds its kernel's expected length, from when the queue before
  * it was expected to end, until a synchronisation finds the queue done) moves back by as
  * much as the batch was done before it was expected to end, and so do the later batches'
- * expected ends: each kernel behind it was launched before now, so they were expected to
- * run back to back from the batch's end, and the move is exact. Lengths read too long
+ * expected ends (each is kept as recorded plus the moves made before it was, and read less
+ * the moves made since: one subtraction, however many are in flight): each kernel behind
+ * it was launched before now, so they were expected to run back to back from the batch's
+ * end, and the move is exact. Lengths read too long
  * (an event timing that took in another context's time slice, say) ran the expectation
  * ahead of the GPU by the error of every kernel launched since the last synchronisation,
  * and anticipation held kernels back for work long done: on simgpu, with every timing
@@ -530,17 +532,12 @@ static int inflight_full(struct tgs_gpu *g, uint64_t bound, uint64_t cost) {
  * stream. Under the in-flight lock; the expected end itself is written by launching
  * threads without it (a lost update is corrected by the next batch). */
 static void queue_end_seen(struct tgs_gpu *g, unsigned h, uint64_t now) {
-    uint64_t end = g->ev_end[h], q = g->queue_end_ns;
-    unsigned starts = __atomic_load_n(&g->queue_starts, __ATOMIC_RELAXED);
-    if (end <= now || !q || g->ev_queue[h] != starts)
+    uint64_t end = g->ev_end[h], moved = g->queue_moved_ns, q = g->queue_end_ns;
+    if (end <= moved + now || !q || g->ev_queue[h] != __atomic_load_n(&g->queue_starts, __ATOMIC_RELAXED))
         return;
-    uint64_t by = end - now;
+    uint64_t by = end - moved - now;
     g->queue_end_ns = q > by ? q - by : 0;
-    for (unsigned j = 1; j < g->ev_count; j++) {
-        unsigned i = (h + j) % TGS_INFLIGHT_RING;
-        if (g->ev_queue[i] == starts && g->ev_end[i])
-            g->ev_end[i] = g->ev_end[i] > by ? g->ev_end[i] - by : 1;
-    }
+    g->queue_moved_ns = moved + by;
     if (tgs_log_level >= TGS_LOG_DEBUG)
         queue_end_log(by, now);
 }
@@ -599,7 +596,8 @@ static void inflight_record(struct tgs_gpu *g, CUstream s, uint64_t bound, uint6
     if (g->ev[i] && REAL(cuEventRecord)(g->ev[i], s) == CUDA_SUCCESS) {
         g->ev_covers[i] = n;
         g->ev_work[i] = w;
-        g->ev_end[i] = g->queue_end_ns;
+        uint64_t q = g->queue_end_ns;
+        g->ev_end[i] = q ? q + g->queue_moved_ns : 0;
         g->ev_queue[i] = __atomic_load_n(&g->queue_starts, __ATOMIC_RELAXED);
         __atomic_store_n(&g->ev_kernels, g->ev_kernels + n, __ATOMIC_RELAXED);
         __atomic_store_n(&g->ev_work_ns, g->ev_work_ns + w, __ATOMIC_RELAXED);

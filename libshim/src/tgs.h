@@ -101,7 +101,8 @@ struct tgs_gpu { /* one control-block GPU slot, as this process sees it */
     unsigned ev_gen[TGS_INFLIGHT_RING];    /* and the context generation then */
     unsigned ev_covers[TGS_INFLIGHT_RING]; /* the kernels each covers (launched since the one before) */
     uint64_t ev_work[TGS_INFLIGHT_RING];   /* and their cost, ns */
-    uint64_t ev_end[TGS_INFLIGHT_RING];    /* its queue's expected end when each was recorded (0: not known), */
+    uint64_t ev_end[TGS_INFLIGHT_RING];    /* its queue's expected end when each was recorded, plus
+                                              queue_moved_ns then (0: not known), */
     unsigned ev_queue[TGS_INFLIGHT_RING];  /* in which of its queues (queue_starts then) */
     unsigned ev_head, ev_count;
     unsigned ev_kernels;                   /* kernels the events in the ring cover */
@@ -126,6 +127,8 @@ struct tgs_gpu { /* one control-block GPU slot, as this process sees it */
     uint64_t kernel_ns;                    /* how long its kernels run: their median (0: not known yet) */
     uint64_t queue_end_ns;                 /* when what it launched is expected to be done */
     unsigned queue_starts;                 /* synchronisations that found it done: each starts a new queue */
+    uint64_t queue_moved_ns;               /* how far batches found done moved its expected end back, in all
+                                              (under inflight_lock; compute.c: queue_end_seen) */
     CUevent drain;                         /* recorded behind its queued work when production is found busy */
     CUcontext drain_ctx;
     unsigned drain_gen;

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from bench.common import Echo, Outputs, controllers, machine, table
-from bench.lab import Job, Lab, opportunistic, production
+from bench.lab import ControllerTrace, Job, Lab, opportunistic, production
 
 TOLERANCE = 0.03
 IDLE_SHARE = 0.8
@@ -115,22 +115,23 @@ def run(echo: Echo = print, quick: bool = False, json_path: Path | None = None) 
             time.sleep(2)
             t0 = time.monotonic()
             phases, second = [], None
-            for ph in SCHEDULE:
-                start = time.monotonic()
-                job = None
-                if ph.jobs is Jobs.NONE:
-                    job, second = second, None
-                elif ph.duty:
-                    job = lab.run(production(ph.duty, phase_s, report_s=REPORT_S, warmup_s=0),
-                                  f"{controller}-{ph.name}", prod_c)
-                    if ph.jobs is Jobs.PAIR:
-                        second = lab.run(production(ph.duty, 2 * phase_s, report_s=REPORT_S, warmup_s=0),
-                                         f"{controller}-{ph.name}-second", second_c)
-                if job:
-                    job.wait(2 * phase_s + 60)
-                else:
-                    time.sleep(phase_s)
-                phases.append((ph, start, time.monotonic(), job))
+            with lab.trace() as trace:  # what tgsd did in each phase
+                for ph in SCHEDULE:
+                    start = time.monotonic()
+                    job = None
+                    if ph.jobs is Jobs.NONE:
+                        job, second = second, None
+                    elif ph.duty:
+                        job = lab.run(production(ph.duty, phase_s, report_s=REPORT_S, warmup_s=0),
+                                      f"{controller}-{ph.name}", prod_c)
+                        if ph.jobs is Jobs.PAIR:
+                            second = lab.run(production(ph.duty, 2 * phase_s, report_s=REPORT_S, warmup_s=0),
+                                             f"{controller}-{ph.name}-second", second_c)
+                    if job:
+                        job.wait(2 * phase_s + 60)
+                    else:
+                        time.sleep(phase_s)
+                    phases.append((ph, start, time.monotonic(), job))
             opp.kill()
             opp.wait()
             out = []
@@ -139,7 +140,8 @@ def run(echo: Echo = print, quick: bool = False, json_path: Path | None = None) 
                        "production_s": None if not ph.judged else settle(
                            job, start, end, lambda r, k=ph.solo: r >= (1 - TOLERANCE) * solo[k]),
                        "opportunistic_s": settle(opp, start, end,
-                                                 lambda r, i=ph.idle: r >= IDLE_SHARE * i * solo["opportunistic"])}
+                                                 lambda r, i=ph.idle: r >= IDLE_SHARE * i * solo["opportunistic"]),
+                       "tgsd": trace.moves(start, end)}
                 out.append(row)
             spans = [(start, end, ph) for ph, start, end, _ in phases]
             series = {"production": [[(t - t0, r.iterations_per_s / solo[phase_at(spans, t).solo])
@@ -151,18 +153,23 @@ def run(echo: Echo = print, quick: bool = False, json_path: Path | None = None) 
             echo(f"  {controller}: " + "; ".join(
                 f"{r['phase']}: production {fmt(r['production_s'])}, opportunistic {fmt(r['opportunistic_s'])}"
                 for r in out))
-    rows = [[c, r["phase"], fmt(r["production_s"]) if r["production_judged"] else "-", fmt(r["opportunistic_s"])]
+    rows = [[c, r["phase"], fmt(r["production_s"]) if r["production_judged"] else "-", fmt(r["opportunistic_s"]),
+             ControllerTrace.moves_in_words(r["tgsd"])]
             for c, v in runs.items() for r in v["phases"]]
     result = {"benchmark": "dynamics", "simulated": gpu != "real GPU", "machine": machine(gpu), "quick": quick,
               "phase_s": phase_s, "solo": solo, "runs": runs, "target_s": 5}
     md = (f"### dynamics: seconds until each side settles after production's load changes ({gpu}, "
           f"{result['machine']['date']}, commit {result['machine']['commit']})\n\n"
-          + table(["controller", "phase", "production back within 3 %", "opportunistic >= 0.8 of idle"], rows)
+          + table(["controller", "phase", "production back within 3 %", "opportunistic >= 0.8 of idle",
+                   "what tgsd did (s into the phase)"], rows)
           + f"\n\nPhases of {phase_s:g} s; 'two at 25 %': two production jobs in containers of their own "
           "(plotted against one job's throughput beside the other, without opportunistic work); 'one of two "
           f"ends': the second job runs on alone. Throughput judged on a rolling {SPAN:g} s window every {STEP:g} s; "
           "'never' = not settled by the end of the phase; '-' = no production job, or the pair, whose "
           "throughput depends on how the two jobs' bursts fall against each other (it differs from run to run). "
+          "What tgsd did: its in-flight bound at the phase's start and each change, its profiles (opportunistic "
+          "work paused) and the status samples in which a rate limit held, from `tgs status` sampled every 0.5 s "
+          "(the plot marks each change of the bound in green at its foot). "
           "Target: <= 5 s.")
     Outputs("dynamics", json_path).write(result, md, echo, {"dynamics.png": lambda: plot(runs, phase_s)})
     return result
@@ -189,6 +196,10 @@ def plot(runs: dict, phase_s: float):
         for r in v["phases"]:
             ax.axvline(r["start_s"], color="gray", lw=0.6, ls=":")
             ax.text(r["start_s"] + 0.3, 1.12, r["phase"], fontsize=7)
+            for t, bound in r.get("tgsd", {}).get("inflight_max", []):  # each change of tgsd's in-flight bound
+                if bound:
+                    ax.plot([r["start_s"] + t] * 2, [0, 0.04], color="C2", lw=0.8)
+                    ax.text(r["start_s"] + t + 0.2, 0.05, str(bound), fontsize=6, color="C2")
         ax.axhline(1 - TOLERANCE, color="gray", lw=0.6, ls="--")
         ax.set_ylim(0, 1.25)
         ax.set_title(controller, fontsize=9)

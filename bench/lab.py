@@ -146,6 +146,36 @@ class ControllerTrace:
                 "inflight_max": dict(Counter(str(c.get("inflight_max")) for c in ctl)),
                 "opportunistic_by_bound": self._by_bound(inside)}
 
+    def moves(self, t0: float, t1: float) -> dict:
+        """What the controller did between two monotonic moments (a benchmark's phase), as
+        its status samples show it (to the sampling period): the in-flight bound at the
+        first sample and each change after it, when it began a profile (seconds from t0),
+        and in how many of the samples a rate limit held (outside profiles)."""
+        inside = [(t - t0, g["controller"]) for t, g in self.samples if t0 <= t <= t1]
+        bounds: list[list] = []
+        profiles: list[float] = []
+        for i, (t, c) in enumerate(inside):
+            if not bounds or c.get("inflight_max") != bounds[-1][1]:
+                bounds.append([round(t, 1), c.get("inflight_max")])
+            if c.get("state") == "profile" and (i == 0 or inside[i - 1][1].get("state") != "profile"):
+                profiles.append(round(t, 1))
+        limited = sum(1 for _, c in inside if c.get("state") != "profile" and c.get("rate_blocks_per_s") is not None)
+        return {"samples": len(inside), "inflight_max": bounds, "profiles_s": profiles, "rate_limited": limited}
+
+    @staticmethod
+    def moves_in_words(m: dict) -> str:
+        """`moves` in a table cell: "bound 2, 4 at 6.5 s, 8 at 11.5 s; profiled at 0.0 s; rate
+        limited in 3 of 40 samples"."""
+        if not m["samples"]:
+            return "no status samples"
+        steps = [f"{b}" if i == 0 else f"{b} at {t:.1f} s" for i, (t, b) in enumerate(m["inflight_max"])]
+        parts = ["bound " + ", ".join(steps) if any(b for _, b in m["inflight_max"]) else "no bound"]
+        if m["profiles_s"]:
+            parts.append("profiled at " + ", ".join(f"{t:.1f} s" for t in m["profiles_s"]))
+        if m["rate_limited"]:
+            parts.append(f"rate limited in {m['rate_limited']} of {m['samples']} samples")
+        return "; ".join(parts)
+
     @staticmethod
     def _by_bound(inside: list[tuple[float, dict]]) -> dict:
         """Under each in-flight bound, the opportunistic containers' blocks per second and

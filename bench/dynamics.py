@@ -8,7 +8,8 @@ seconds until production is back within 3 % of its solo throughput at the new lo
 stays; not judged for the pair, whose throughput depends on how the two jobs' bursts fall
 against each other), and seconds until opportunistic work has >= 0.8 of the idle time (and
 keeps it), for `fast` and `tgs-paper`, side by side in one run (TGS_BENCH_CONTROLLERS=fast:
-one). Target: <= 5 s."""
+one), and what tgsd did in each phase (its in-flight bound and each change, its profiles,
+its rate limits: `tgs status` sampled every 0.5 s). Target: <= 5 s."""
 from __future__ import annotations
 
 import enum

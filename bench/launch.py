@@ -2,8 +2,10 @@
 
 Zero-length kernels from one thread, on simgpu (or the real GPU when there is one), with
 and without the shim, interleaved round by round in one run: nanoseconds inside
-cuLaunchKernel per launch (medians), and on simgpu instructions per launch counted by
-callgrind beside them (repeatable whatever the machine is doing). Modes: without the shim;
+cuLaunchKernel per launch (medians, and each mode's fastest run against the fastest
+without the shim: a shared machine's speed can change from one run to the next), and on
+simgpu instructions per launch counted by callgrind beside them (repeatable whatever the
+machine is doing). Modes: without the shim;
 the shim outside a TGS container; production; opportunistic with no limit; opportunistic
 with tgsd's default in-flight bound (2: the kernel's length looked up, one event per
 batch of launches, the oldest queried at the bound, one launch in 32 to 256 timed);

@@ -122,7 +122,8 @@ def run(echo: Echo = print, quick: bool = False, json_path: Path | None = None) 
                     "instructions_per_launch": None if ir is None else round(ir, 1),
                     "added_instructions": None if ir is None or base_ir is None else round(ir - base_ir, 1)}
         rows.append([m, f"{ns:.1f}", f"{ns - base_ns:+.1f}", f"{fastest - base_fastest:+.1f}",
-                     "-" if ir is None else f"{ir:.0f}", "-" if ir is None or base_ir is None else f"{ir - base_ir:+.0f}"])
+                     "-" if ir is None else f"{ir:.0f}",
+                     "-" if ir is None or base_ir is None else f"{ir - base_ir:+.0f}"])
     gpu = "real GPU" if real else "simgpu (simulated)"
     result = {"benchmark": "launch", "simulated": not real, "machine": machine(gpu),
               "rounds": rounds, "launches_per_run": launches, "modes": modes, "callgrind": reason or "ok",

@@ -25,9 +25,8 @@ def run(echo: Echo = print, quick: bool = False, json_path: Path | None = None) 
         if mode == "without the shim":
             continue
         extra = "" if m["added_instructions"] is None else f", {m['added_instructions']:+.0f} instructions"
-        rows.append(["kernel launch", mode, f"{m['added_ns']:+.1f} ns (fastest runs {m['added_ns_fastest']:+.1f}){extra}",
-                     "<= +100 ns",
-                     "yes" if m["added_ns"] <= 100 else "no"])
+        added = f"{m['added_ns']:+.1f} ns (fastest runs {m['added_ns_fastest']:+.1f}){extra}"
+        rows.append(["kernel launch", mode, added, "<= +100 ns", "yes" if m["added_ns"] <= 100 else "no"])
     if sr:
         for case, c in sr["cases"].items():
             if case == "runc":

@@ -150,17 +150,24 @@ class ControllerTrace:
         """What the controller did between two monotonic moments (a benchmark's phase), as
         its status samples show it (to the sampling period): the in-flight bound at the
         first sample and each change after it, when it began a profile (seconds from t0),
-        and in how many of the samples a rate limit held (outside profiles)."""
+        in how many of the samples a rate limit held (outside profiles), and the decisions
+        the samples caught, each with its time and why (one superseded between two samples
+        is not seen)."""
         inside = [(t - t0, g["controller"]) for t, g in self.samples if t0 <= t <= t1]
         bounds: list[list] = []
         profiles: list[float] = []
+        decisions: list[list] = []
         for i, (t, c) in enumerate(inside):
+            d = c.get("decision")
+            if d and d["why"] and (not decisions or decisions[-1][1] != d["why"]):
+                decisions.append([round(t - d["age_s"], 1) + 0.0, d["why"]])  # (+ 0.0: no -0.0)
             if not bounds or c.get("inflight_max") != bounds[-1][1]:
                 bounds.append([round(t, 1), c.get("inflight_max")])
             if c.get("state") == "profile" and (i == 0 or inside[i - 1][1].get("state") != "profile"):
                 profiles.append(round(t, 1))
         limited = sum(1 for _, c in inside if c.get("state") != "profile" and c.get("rate_blocks_per_s") is not None)
-        return {"samples": len(inside), "inflight_max": bounds, "profiles_s": profiles, "rate_limited": limited}
+        return {"samples": len(inside), "inflight_max": bounds, "profiles_s": profiles, "rate_limited": limited,
+                "decisions": decisions}
 
     @staticmethod
     def moves_in_words(m: dict) -> str:

@@ -343,15 +343,18 @@ def test_a_controller_trace_sums_up_only_its_window():
 def test_a_controller_trace_says_what_tgsd_did_in_a_phase():
     """dynamics' column: the in-flight bound at the phase's start and each change, the
     profiles begun, the samples under a rate limit; only the phase's own samples."""
-    def at(t, state, bound, rate=None):
-        return (t, {"controller": {"state": state, "inflight_max": bound, "rate_blocks_per_s": rate}, "containers": []})
+    def at(t, state, bound, rate=None, why=None, age=0.2):
+        decision = {"age_s": age, "why": why} if why else None
+        return (t, {"controller": {"state": state, "inflight_max": bound, "rate_blocks_per_s": rate,
+                                   "decision": decision}, "containers": []})
 
-    trace = ControllerTrace([at(9.5, "run", 8), at(10.0, "profile", 2), at(10.5, "profile", 2), at(11.0, "run", 2),
-                             at(17.0, "run", 4), at(19.5, "run", 4, 900), at(20.0, "run", 4, 800),
-                             at(22.0, "profile", 2), at(24.0, "run", 1)])
+    trace = ControllerTrace([at(9.5, "run", 8), at(10.0, "profile", 2, why="new job"),
+                             at(10.5, "profile", 2, why="new job", age=0.7), at(11.0, "run", 2),
+                             at(17.0, "run", 4, why="tried 4", age=0.5), at(19.5, "run", 4, 900),
+                             at(20.0, "run", 4, 800), at(22.0, "profile", 2), at(24.0, "run", 1)])
     m = trace.moves(10.0, 23.0)
     assert m == {"samples": 7, "inflight_max": [[0.0, 2], [7.0, 4], [12.0, 2]], "profiles_s": [0.0, 12.0],
-                 "rate_limited": 2}
+                 "rate_limited": 2, "decisions": [[-0.2, "new job"], [6.5, "tried 4"]]}
     assert ControllerTrace.moves_in_words(m) == ("bound 2, 4 at 7.0 s, 2 at 12.0 s; profiled at 0.0 s, 12.0 s; "
                                                  "rate limited in 2 of 7 samples")
     paper = ControllerTrace([at(1.0, "slow-start", 0, 100), at(2.0, "profile", 0)]).moves(0.0, 3.0)

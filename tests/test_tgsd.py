@@ -582,7 +582,7 @@ def test_status_schema(simgpu, tgsd, libshim):
     g = st["gpus"][0]
     assert {"index", "uuid", "name", "memory_total", "memory_budget", "controller", "containers"} <= set(g)
     assert {"state", "rate_blocks_per_s", "solo_blocks_per_s", "production_progress_blocks_per_s", "inflight_max",
-            "gate", "opportunistic_beside_production"} <= set(g["controller"])
+            "gate", "opportunistic_beside_production", "decision"} <= set(g["controller"])
     c = g["containers"][0]
     assert c["id"] == opp.id and c["class"] == "opportunistic"
     assert {"budget_blocks_per_s", "inflight_max", "progress_blocks_per_s", "attained_blocks", "memory", "syncs",
@@ -597,6 +597,10 @@ def test_status_schema(simgpu, tgsd, libshim):
                            capture_output=True, text=True, timeout=30)
     assert opp.id in human.stdout and "opportunistic" in human.stdout
     assert "no in-flight bound" in human.stdout, "no production on the GPU: opportunistic work is not bounded"
+    # the controller's latest decision and why, as its log gave them (here: no production, no limit)
+    decision = d.status()["gpus"][0]["controller"]["decision"]
+    assert decision and decision["why"] == "no production on the GPU" and 0 <= decision["age_s"] < 60, decision
+    assert "its latest decision, " in human.stdout and " s ago: no production on the GPU" in human.stdout, human.stdout
     assert ("since it started, waited 0.0 s behind production, 0.0 s at the in-flight bound, 0.0 s anticipating production, "
             "0.0 s for tokens") in human.stdout, human.stdout
     d.stop()

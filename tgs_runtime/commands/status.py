@@ -53,6 +53,9 @@ def status_cmd(as_json: bool, config_path: Path | None, state_dir: Path | None) 
         click.echo(f"\nGPU {g['index']} {g['uuid']} {g['name']}: memory budget {_mem(g['memory_budget'])} of "
                    f"{_mem(g['memory_total'])}\n  controller {ctl['state']}: opportunistic {rate}, production "
                    f"{ctl['production_progress_blocks_per_s']:.0f} blocks/s (solo {solo}){more}")
+        decision = ctl.get("decision")
+        if decision and decision["why"]:
+            click.echo(f"  its latest decision, {decision['age_s']:.1f} s ago: {decision['why']}")
         if not g["containers"]:
             click.echo("  no containers")
             continue

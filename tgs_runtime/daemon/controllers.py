@@ -258,7 +258,7 @@ class FastController:
         self.turnover_at: float | None = None  # a production process started or ended then: judge the load
         self.own_figure: float | None = None  # a solo figure taken from a change seen as production's own
         self.overlap_trusted = True  # no profile of this load has caught the overlap signal out
-        self.why = ""  # what the latest change answered
+        self.why = "no production on the GPU"  # what the latest change answered (it starts free)
 
     def _change(self, t: float, why: str, phase: Phase | None = None, rate: int | None = None) -> None:
         if phase is not None:

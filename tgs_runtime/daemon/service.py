@@ -606,8 +606,10 @@ class Daemon:
         claimants = [Claimant(c.id, c.attained(), c.achieved[s], c.budget[s], c.order) for c, s in opp if c.processes]
         rates = split(self.cfg.control.share, budget.rate, claimants, st.share, self.cfg.control.las_min_share,
                       one_only=self.cfg.control.controller == Controller.TGS_PAPER)
+        decided = st.last.get("decided")
         if (st.last.get("rate"), st.last.get("state"), st.last.get("inflight"), st.last.get("solo")) != (
                 budget.rate, budget.state, budget.inflight, budget.solo):
+            decided = (now, budget.why)  # for `tgs status`: the latest decision, and why
             self.log.debug("controller decision", gpu=uuid, state=budget.state, rate=_rate_text(budget.rate),
                            inflight_max=budget.inflight,
                            solo_blocks_per_s=budget.solo, progress_blocks_per_s=round(budget.progress),
@@ -615,7 +617,7 @@ class Daemon:
                            shares={k: _rate_text(v) for k, v in rates.items()}, **({"why": budget.why} if budget.why else {}))
         gate = budget.gate and not self._production_holds_an_idle_gpu(st, now, bool(prod), prod_blocks > 0)
         st.last = {"state": budget.state, "rate": budget.rate, "solo": budget.solo, "progress": budget.progress,
-                   "inflight": budget.inflight, "gate": gate, "overlap": budget.overlap}
+                   "inflight": budget.inflight, "gate": gate, "overlap": budget.overlap, "decided": decided}
         # behind production, one container launches at a time; without production, all at once
         if gate:
             turns = take_turns(st.share, rates, budget.rate, dt)
@@ -758,7 +760,8 @@ class Daemon:
                                         "production_progress_blocks_per_s": round(last.get("progress", 0.0), 1),
                                         "inflight_max": last.get("inflight"), "gate": last.get("gate"),
                                         "opportunistic_beside_production": None if last.get("overlap") is None
-                                        else round(last["overlap"], 4)},
+                                        else round(last["overlap"], 4),
+                                        "decision": _decision(last.get("decided"))},
                          "containers": members})
         return {"version": 1, "daemon": {"pid": os.getpid(), "version": __version__,
                                          "uptime_s": round(time.monotonic() - self.started, 1),
@@ -766,6 +769,16 @@ class Daemon:
                                          "controller": self.cfg.control.controller.value, "share": self.cfg.control.share.value,
                                          "config": str(self.cfg.path) if self.cfg.path else None},
                 "gpus": gpus}
+
+
+def _decision(decided: tuple[float, str] | None) -> dict | None:
+    """The status's account of a controller's latest decision (a change of its budget,
+    as the decision log writes it): how long ago, and why (None: the controller gave no
+    reason)."""
+    if decided is None:
+        return None
+    at, why = decided
+    return {"age_s": round(time.monotonic() - at, 1), "why": why or None}
 
 
 def _marks(prod) -> tuple[Mark, ...]:

@@ -231,6 +231,7 @@ class FastController:
     TURNOVER_S = 1.0   # a production process started or ended: its load is judged this long after
     PROFILES_KEPT = 8  # the solo figure is the mean of the last profiles of one load
     OWN_FALL_PART = 0.25          # overlap below this part of a fall: the fall is production's own
+    FREE_WHY = "no production on the GPU"  # why it is free: where it starts, and where production leaves
 
     def __init__(self, cfg: ControlConfig):
         self.cfg = cfg
@@ -258,7 +259,7 @@ class FastController:
         self.turnover_at: float | None = None  # a production process started or ended then: judge the load
         self.own_figure: float | None = None  # a solo figure taken from a change seen as production's own
         self.overlap_trusted = True  # no profile of this load has caught the overlap signal out
-        self.why = "no production on the GPU"  # what the latest change answered (it starts free)
+        self.why = self.FREE_WHY  # what the latest change answered (it starts free)
 
     def _change(self, t: float, why: str, phase: Phase | None = None, rate: int | None = None) -> None:
         if phase is not None:
@@ -379,7 +380,7 @@ class FastController:
             self.turnover_at = None
             if self.phase != Phase.FREE:
                 self.solo, self.profiles = None, []
-                self._change(t, "no production on the GPU", Phase.FREE, UNLIMITED)
+                self._change(t, self.FREE_WHY, Phase.FREE, UNLIMITED)
             return self._budget()
         if s.production_processes != self.processes:
             # a production process started or ended (a job's turnover takes a moment in

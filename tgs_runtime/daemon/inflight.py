@@ -16,11 +16,13 @@ what production does; the bound answers with its own moves:
   up to `[control] inflight_deepest`. A deeper trial is for opportunistic work, and a
   deeper queue costs production a little even where production holds (on simgpu, at 25 %
   duty beside 1 ms kernels, production kept 0.994-0.997 of its solo progress at eight
-  against 0.998-1.001 at two, and the opportunistic job gained nothing): one under which it did not
-  progress by at least a twentieth more than at the bound before goes back as if it had
-  harmed production (on an H200, a GPT-2-small-sized PyTorch job beside ResNet-50 ran at
-  0.244 of its exclusive speed while the bound deepened from two to eight, 0.479 with the
-  bound kept at two). One kernel in flight costs opportunistic work the
+  against 0.998-1.001 at two, and the opportunistic job gained nothing; with both CPUs
+  busy, the dynamics benchmark missed a phase under a deeper bound in 4 of 7 runs): one
+  under which opportunistic work did not progress by at least a twentieth more than at
+  the bound before goes back as if it had harmed production (on an H200, a
+  GPT-2-small-sized PyTorch job beside ResNet-50 ran at 0.244 of its exclusive speed while
+  the bound deepened from two to eight, 0.479 with the bound kept at two). One kernel in
+  flight costs opportunistic work the
   moment between each of its kernels ending and the next launch (a fifth of the idle time
   beside 75 % duty on simgpu), so one blip must not keep it there for good; and a job whose
   host work between launches outlasts a shallow queue leaves the GPU idle meanwhile (on

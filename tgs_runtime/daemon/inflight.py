@@ -17,14 +17,14 @@ what production does; the bound answers with its own moves:
   deeper queue costs production a little even where production holds (on simgpu, at 25 %
   duty beside 1 ms kernels, production kept 0.994-0.997 of its solo progress at eight
   against 0.998-1.001 at two, and the opportunistic job gained nothing; with both CPUs
-  busy, the dynamics benchmark missed a phase under a deeper bound in 4 of 7 runs): one
-  under which opportunistic work did not progress by at least 3 % more than at the bound
-  before goes back as if it had harmed production (3 %: on simgpu, a job that gains by
-  depth, 100 us kernels with 3 ms of host work, gained 3.4-7.5 % from two to four in 12
-  trials; one that does not read -12.8 to +3.8 % with both CPUs busy; on an H200, a
-  GPT-2-small-sized PyTorch job beside ResNet-50 ran at 0.244 of its exclusive speed while
-  the bound deepened from two to eight, 0.479 with the bound kept at two). One kernel in
-  flight costs opportunistic work the
+  busy, the dynamics benchmark missed a phase under a deeper bound in 4 of 7 runs). So a
+  deeper trial under which opportunistic work did not progress at least DEEPER_GAIN (3 %)
+  more than at the bound before goes back as if it had harmed production. On simgpu a job
+  that gains by depth (100 us kernels with 3 ms of host work) gained 3.4-7.5 % from two to
+  four in 12 trials, and one that does not read -12.8 to +3.8 % with both CPUs busy. Depth
+  can also cost opportunistic work: on an H200, a GPT-2-small-sized PyTorch job beside
+  ResNet-50 ran at 0.244 of its exclusive speed while the bound deepened from two to
+  eight, 0.479 with the bound kept at two. One kernel in flight costs opportunistic work the
   moment between each of its kernels ending and the next launch (a fifth of the idle time
   beside 75 % duty on simgpu), so one blip must not keep it there for good; and a job whose
   host work between launches outlasts a shallow queue leaves the GPU idle meanwhile (on

@@ -399,6 +399,40 @@ def test_a_production_turnover_that_lightens_its_load_is_measured_again_within_s
     assert low == UNLIMITED, f"opportunistic work was cut to {low} blocks/s"
 
 
+@pytest.mark.parametrize("offset", range(5), ids=lambda k: f"{k / 10:.1f}s")
+def test_nothing_is_judged_in_the_period_a_production_process_ends(offset):
+    """Two production jobs, each in a container of its own, mark their iterations; one
+    ends. From the period tgsd drops its process, production is timed from the marks of
+    the containers that still have processes, and the window so far reads as the other
+    job's progress alone: half the pair's figure. Judged in that period, the half was cut
+    as harm (a CI run, the thirty-third session: "production at 0.494 of its solo progress
+    ...: rate cut", 30 ms after the process went). Wherever the end falls among the
+    decisions (`offset`), the budget is only set afresh there, and the load that follows
+    is judged a second later."""
+    ctl = fast()
+    t, launched = 0.0, {"a": 0, "b": 0}
+
+    def run(seconds, jobs=("a", "b"), opportunistic=True):
+        nonlocal t
+        for _ in range(round(seconds / DT)):
+            marks = tuple(Mark(j, t, launched[j]) for j in jobs)  # an iteration of 2,500 blocks each period
+            for j in jobs:
+                launched[j] += 2_500
+            t += DT
+            b = ctl.step(Sample(t, DT, 2_500 * len(jobs), 10_000 if opportunistic else 0, True, opportunistic,
+                                marks, frozenset(ord(j) for j in jobs)))
+        return b
+
+    run(2, opportunistic=False)
+    b = run(20 + offset * DT)
+    assert abs(b.solo - 50_000) <= 500 and (b.rate, b.inflight) == (UNLIMITED, 2), b.why
+    b = run(DT, jobs=("b",))
+    assert (b.rate, b.inflight) == (UNLIMITED, 2), f"judged as the process ended: {b.why}"
+    b = run(3, jobs=("b",))
+    assert abs(b.solo - 25_000) <= 0.03 * 25_000, f"the solo figure is {b.solo:.0f} 3 s after the end"
+    assert b.rate == UNLIMITED
+
+
 def test_a_profile_taken_as_production_processes_start_is_taken_again_once_they_settle():
     """Two production jobs start together after an idle spell: the profile at their first
     launches catches them unsettled (they ran unoverlapped, at solo speed, for a moment: a

@@ -387,14 +387,21 @@ class FastController:
             # which production does less: not harm): judge from what follows, starting from
             # the configured in-flight bound
             self.processes = s.production_processes
-            if self.phase in (Phase.RUN, Phase.SOLO):
-                self.bound.restore()
-                self.violations = 0
-                self._change(t, "a production process started or ended: measured afresh")
             # production's load may have changed with no idle moment to say so: judged once
             # the change has settled (without processes production is idle, and its return
             # is profiled)
             self.turnover_at = t if self.processes else None
+            if self.phase in (Phase.RUN, Phase.SOLO):
+                # nothing is judged in this period either: production is timed from the
+                # marks of the containers that still have processes, and the window so far
+                # then reads as theirs alone (one job of two: half the pair's figure). A
+                # decision due now took that for harm and cut opportunistic work (CI, the
+                # thirty-third session: "production at 0.494 of its solo progress ...: rate
+                # cut", 30 ms after the process went)
+                self.bound.restore()
+                self.violations = 0
+                self._change(t, "a production process started or ended: measured afresh")
+                return self._budget()
         if self.phase == Phase.FREE:
             self._change(t, "production arrived", Phase.SOLO if not s.opportunistic else Phase.PROFILE)
             if self.phase == Phase.PROFILE:

@@ -239,9 +239,11 @@ def test_opportunistic_work_goes_on_when_one_of_two_production_jobs_ends(simgpu,
     # that came 20 ms before the drop); one judged in the very period of the drop failed a
     # CI run (test_nothing_is_judged_in_the_period_a_production_process_ends)
     events = d.events()
-    hello = next(e for e in events if e.get("event") == "process said hello" and e.get("pid") == pa.popen.pid)
     at = lambda e: datetime.fromisoformat(e["timestamp"]).timestamp()
-    gone = next(at(e) for e in events if e.get("event") == "process disconnected" and e.get("process") == hello["process"])
+    hello = [e["process"] for e in events if e.get("event") == "process said hello" and e.get("pid") == pa.popen.pid]
+    gone = [at(e) for e in events if e.get("event") == "process disconnected" and e.get("process") in hello]
+    assert len(gone) == 1, f"tgsd's log has prod-a's process as {hello} and its drop as {gone}"
+    gone = gone[0]
     after = [e for e in events if e.get("event") == "controller decision" and at(e) >= gone]
     judged = next((i for i, e in enumerate(after) if e["state"] == "profile" or e["why"].startswith("checked")), None)
     trail = [(round(at(e) - gone, 2), e["why"], e.get("solo_blocks_per_s")) for e in after[:6]]

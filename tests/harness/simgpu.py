@@ -104,14 +104,16 @@ class SimGPU:
     def context(self, label: str, device: int = 0) -> dict:
         return sim.contexts(self.status(), device)[label]
 
-    def wait_for_contexts(self, labels: Sequence[str], timeout: float = 20, device: int = 0) -> dict:
-        """Waits until every label has a live context that has run a kernel; returns the snapshot."""
+    def wait_for_contexts(self, labels: Sequence[str], timeout: float = 20, device: int = 0, kernels: int = 1) -> dict:
+        """Waits until every label has a live context that has run `kernels` kernels (one:
+        it has started; a whole iteration: every kernel of it has touched its memory);
+        returns the snapshot."""
         deadline = time.monotonic() + timeout
         while True:
             if self.state.exists():
                 snap = self.status()
                 ctxs = sim.contexts(snap, device)
-                if all(l in ctxs and ctxs[l]["state"] == "live" and ctxs[l]["kernels"] > 0 for l in labels):
+                if all(l in ctxs and ctxs[l]["state"] == "live" and ctxs[l]["kernels"] >= kernels for l in labels):
                     return snap
             if time.monotonic() > deadline:
                 raise TimeoutError(f"contexts {labels} did not start on the simulated GPU in {timeout}s")

@@ -157,6 +157,11 @@ class ShimContainer:
             for u in self.uuids:
                 self.host.activity(u).clear(conn.slot)
 
+    def drained(self, timeout: float = 10) -> None:
+        """Waits until every connection has ended: the processes behind them have exited,
+        and each one's notices, which were on their way through the socket, have been read."""
+        self.wait_for(lambda: self.conns and all(c.closed for c in self.conns), timeout, "the connections' end")
+
     def ranges(self) -> dict[int, proto.MsgMem]:
         """Live allocations by address, from the notices received."""
         out: dict[int, proto.MsgMem] = {}

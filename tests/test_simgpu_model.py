@@ -144,7 +144,9 @@ def test_kill_9_gives_the_engine_back(simgpu):
     time.sleep(1.5)
     after = simgpu.status()
     got = sim.busy_between(before, after)["survivor"]
-    assert got > 0.9 * 1.5, f"the survivor got {got:.2f}s of 1.5s after the other was killed"
+    # the engine shared with a dead context would give the survivor half at most; the
+    # survivor's own launching thread, short of CPU beside two busy loops, kept it busy 1.30 s
+    assert got > 0.75 * 1.5, f"the survivor got {got:.2f}s of 1.5s after the other was killed"
     ended = sim.contexts(after)["victim"]
     assert ended["state"] == "ended" and ended["queued"] == 0 and ended["device_bytes"] == 0
     survivor.kill()

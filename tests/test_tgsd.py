@@ -245,7 +245,10 @@ def test_opportunistic_work_goes_on_when_one_of_two_production_jobs_ends(simgpu,
     assert len(gone) == 1, f"tgsd's log has prod-a's process as {hello} and its drop as {gone}"
     gone = gone[0]
     after = [e for e in events if e.get("event") == "controller decision" and at(e) >= gone]
-    judged = next((i for i, e in enumerate(after) if e["state"] == "profile" or e["why"].startswith("checked")), None)
+    # judged: profiled at once, or by a profile under way as prod-a went (beside five busy
+    # loops one ended 0.24 s after the drop, with prod-b alone), or by a checked figure
+    judged = next((i for i, e in enumerate(after)
+                   if e["state"] == "profile" or e["why"].startswith(("profiled", "checked"))), None)
     trail = [(round(at(e) - gone, 2), e["why"], e.get("solo_blocks_per_s")) for e in after[:6]]
     assert judged is not None and at(after[judged]) - gone <= 2.5, f"prod-a's end was not judged: {trail}"
     cuts = [e["why"] for e in after[:judged] if "rate cut" in e["why"] or "in-flight bound 1" in e["why"]]

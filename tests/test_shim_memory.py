@@ -40,7 +40,7 @@ def test_production_conversion_can_be_switched_off(simgpu, container, libshim, c
     c = container(proto.Class.PRODUCTION, convert=False)
     out = run(simgpu, c_programs, c.env(libshim.shim), "convert")
     assert out["managed"] == 0
-    c.drained()  # (beside two busy loops, read at once, no notice had arrived yet)
+    c.drained()  # (beside five busy loops, read at once, no notice had arrived yet)
     assert {m.kind for m in c.notices} == {proto.MemKind.DEVICE}
 
 

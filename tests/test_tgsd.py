@@ -365,7 +365,7 @@ def test_a_production_container_can_keep_plain_device_memory(simgpu, tgsd, libsh
     procs = [simgpu.workload(job, c.id, c.env(libshim.shim)) for c in (plain, managed)]
     # once the second iteration has launched, the first has ended (the workload
     # synchronises each) and each of its kernels has touched its part of the memory (after
-    # the first kernel only, beside two busy loops, 24 of the converted 32 MiB were resident)
+    # the first kernel only, beside three busy loops, 24 of the converted 32 MiB were resident)
     snap = simgpu.wait_for_contexts([plain.id, managed.id], kernels=job.kernels + 1)
     held = {c.id: d.container(c.id)["memory"] for c in (plain, managed)}
     for p in procs:

@@ -13,7 +13,8 @@ take turns at it (`take_turns`). Pure logic: no clocks, no I/O.
   start to iteration start where the shim marks them (see `Window`), else counted, which
   knows S only to about one iteration; the periodic profiles of one run of production are
   averaged (the last 8, while they agree within 10 %; a load change, an idle spell or an
-  accepted fall starts afresh). Opportunistic work starts unthrottled (the shims' gating
+  accepted fall starts afresh), but for one above S by more than the tolerance: a rise of
+  production's own that the harm it takes hides from P, followed as below. Opportunistic work starts unthrottled (the shims' gating
   already keeps it out of production's way); when production's progress P falls below (1 -
   tolerance) * S, the rate is cut multiplicatively (by 30 %, deeper after a deeper fall:
   `_cut`) and then ramped back while P holds (the
@@ -51,12 +52,12 @@ take turns at it (`take_turns`). Pure logic: no clocks, no I/O.
   cuts that help a little have taken the rate to a tenth of what opportunistic work ran at
   and production is still below, production is profiled once more (a check, again at each
   further tenth: the rate stays where the cuts left it, and little opportunistic work is
-  queued to slow the profile down); a profile off the figure by more than half the
+  queued to slow the profile down); a profile below the figure by more than half the
   tolerance replaces it (its own load fell slowly within one job). Without the check a
   figure it could no longer reach starved opportunistic work for good. A figure taken from
   a load that was moving (so replaced, or taken after two cuts that brought nothing back)
-  is followed: profiled again 5 s later, and replaced again while it moves
-  (`_followed`). Decisions every 0.5 s on windows of up to 3 s: it reacts in seconds.
+  is followed: profiled again 5 s later, and replaced again while it moves on the same
+  way (`_followed`). Decisions every 0.5 s on windows of up to 3 s: it reacts in seconds.
 - `tgs-paper` reproduces the original TGS code's controller for comparison: 5 s samples,
   a profile sample with the opportunistic job paused, slow start (x1.5 per sample), then
   additive increase, 8 % decrease when production falls more than 3 % below its solo
@@ -219,8 +220,9 @@ class Phase(str, enum.Enum):
 class Purpose(str, enum.Enum):
     """What a profile is for, which says what its end does with the figure."""
     MEASURE = "measure"  # production's solo progress: replaces the figure, or averages with those of its load
-    CHECK = "check"      # a lasting violation that cuts eased: as FOLLOW, the rate kept where they left it (`_checked`)
+    CHECK = "check"      # a lasting violation that cuts eased: replaces the figure if below it (`_checked`)
     FOLLOW = "follow"    # a load that was moving: replaces the figure if it moved on (`_followed`)
+    PERIODIC = "periodic"  # every reprofile_s of one load: replaces the figure if above it by the tolerance
 
 
 class FastController:
@@ -240,7 +242,8 @@ class FastController:
     TURNOVER_S = 1.0   # a production process started or ended: its load is judged this long after
     PROFILES_KEPT = 8  # the solo figure is the mean of the last profiles of one load
     FOLLOW_S = 5.0     # a figure taken from a load that was moving is measured again this much later
-    FOLLOW_MOVE = 0.5  # a followed load moved: its profile is off the figure by more than this part of the tolerance
+    FOLLOW_MOVE = 0.5  # a followed or checked load moved: its profile is off the figure by more than this part
+                       # of the tolerance (the periodic profile: the whole tolerance)
     SETTLED = "settled"  # `_followed`: the load was where its figure said
     OWN_FALL_PART = 0.25          # overlap below this part of a fall: the fall is production's own
     FREE_WHY = "no production on the GPU"  # why it is free: where it starts, and where production leaves
@@ -260,7 +263,7 @@ class FastController:
         self.violation_p = 0.0  # P when the current run of violations began
         self.purpose = Purpose.MEASURE  # of the profile under way
         self.follow_at: float | None = None  # profile then: the figure was taken while the load moved
-        self.beside_p = 0.0  # production's progress in the second before the profile under way
+        self.follow_sign = 0  # the way the followed load last moved (1 up, -1 down; 0: not followed)
         self.check_below = 0.0   # the run of violations checks the solo figure when cuts take the rate below this
         self.cuts = 0           # rate cuts in the current run of violations
         self.drift_since: float | None = None
@@ -326,13 +329,13 @@ class FastController:
         idle time beside 75 % duty on simgpu, docs/results/history.md, dynamics)."""
         if not periodic:
             self.profiles = []
+            self.follow_sign = 0  # a new load
             self.bound.restore()
             self.own_figure, self.overlap_trusted = None, True
             if self.turnover_at is not None and t - self.turnover_at >= self.TURNOVER_S - 1e-9:
                 self.turnover_at = None  # the load after a turnover is measured now (sooner: its start)
         self.purpose = purpose
         self.follow_at = None  # this profile measures the load now
-        self.beside_p = self.window.rates(max(t - 1.0, self.changed_at + self.SETTLE_S))[0]
         self.profile_from = t
         self.profiled_at = t
         self._change(t, f"{why}: profiling production alone", Phase.PROFILE)
@@ -352,33 +355,37 @@ class FastController:
         self.profiles = (self.profiles[-(self.PROFILES_KEPT - 1):] if same else []) + [p]
         self.solo = sum(self.profiles) / len(self.profiles)
 
-    def _followed(self, t: float, p: float) -> str:
-        """The end of a profile of a load that was moving when the figure was taken (two
-        cuts brought nothing back; a check or two cuts soon after a profile replaced it):
-        the load may have gone on moving, and a figure left behind it held production to
-        progress it no longer reached, or let it fall below the tolerance (in the
-        controller rig, a fall of 10 % over 16 s left the figure 2.1 % high, and
-        opportunistic work at a third of what the tolerance allows for a minute, then at
-        two thirds until the next periodic profile; a fall of 30 % over 30 s left it 0.7 %
-        low for a minute). A profile off the figure by more than half the tolerance
-        replaces it, and the load is followed again FOLLOW_S later; one within that says
-        the load settled, and is one more profile of it. So is one below what production
-        made beside opportunistic work in the second before it: production alone does not do
-        less, so opportunistic work queued before the pause still ran into the profile
-        (long kernels answer late; a chain of such profiles, each replacing the figure,
-        took it from 49,370 to 43,200 blocks/s in 18 s in the controller rig, with
-        production's solo progress unchanged). Returns what it found, for the decision
-        log."""
+    def _followed(self, t: float, p: float, bar: float, way: int) -> str:
+        """The end of a profile that may find production's load moving within one job,
+        where nothing else tells: a profile taken while it still moved (two cuts brought
+        nothing back; a check behind a lasting violation; a figure taken beside
+        opportunistic work after two cuts soon after a profile), or the periodic profile
+        (a rise that the harm production takes hides from its progress). A profile off the
+        figure by more than `bar` (a part of it), the way `way` allows (1 up, -1 down, 0
+        either), replaces it, and the load is followed: profiled again FOLLOW_S later, and
+        followed on while it goes on the same way. Otherwise it is one more profile of the
+        load, averaged in (`_profiled`): within the bar it settled; the other way, it may be
+        noise (a profile knows production only to about an iteration where it is counted).
+        Before, a figure taken while the load moved stayed until the next periodic profile
+        (60 s), which was only averaged in: in the controller rig a fall of 10 % over 16 s
+        left it 2.1 % high, and opportunistic work at a third of what the tolerance allows
+        for a minute; a rise of 8 % over 30 s beside work costing production up to 10 %
+        left production at 0.916-0.957 of its solo progress for five minutes. Returns what
+        it found, for the decision log."""
         solo = self.solo or 0.0
-        if self.profiles and abs(p - solo) <= self.FOLLOW_MOVE * self.cfg.tolerance * solo:
+        sign = 1 if p > solo else -1
+        self.follow_sign = 0
+        if abs(p - solo) <= bar * solo:
             self._profiled(p)
             return self.SETTLED
-        if self.profiles and p < self.beside_p:
+        if way and sign != way:
             self._profiled(p)
-            return f"not followed: alone below the {self.beside_p:,.0f} blocks/s it made beside opportunistic work"
-        self.profiles, self.solo = [p], p
+            return f"{self.SETTLED}: not followed {'up' if sign > 0 else 'down'}"
+        self.profiles = []
+        self._profiled(p)  # the figure, and what it says of the overlap signal
+        self.follow_sign = sign
         self.follow_at = t + self.FOLLOW_S
-        return f"moving, measured again in {self.FOLLOW_S:g} s"
+        return f"{'rising' if sign > 0 else 'falling'}, measured again in {self.FOLLOW_S:g} s"
 
     def _checked(self, t: float, p: float, covered: float) -> None:
         """The end of a profile that checked the solo figure behind a violation that cuts
@@ -394,8 +401,8 @@ class FastController:
         self.drift_since = None
         why = "checked the solo figure: nothing measured"
         if covered > 0:
-            found = self._followed(t, p)
-            if found != self.SETTLED:
+            found = self._followed(t, p, self.FOLLOW_MOVE * self.cfg.tolerance, -1)
+            if self.follow_sign:
                 self.violations = 0  # judged afresh against the new figure
             why = f"checked the solo figure: production alone at {p:,.0f} blocks/s; the load {found}"
         self._change(t, why, Phase.RUN)
@@ -420,6 +427,7 @@ class FastController:
         self.progress = self.window.rates()[0]
         if not s.production:
             self.turnover_at = self.follow_at = None
+            self.follow_sign = 0
             if self.phase != Phase.FREE:
                 self.solo, self.profiles = None, []
                 self._change(t, self.FREE_WHY, Phase.FREE, UNLIMITED)
@@ -453,6 +461,7 @@ class FastController:
             if covered >= self.MIN_DATA_S:
                 self.solo = p
                 self.turnover_at = self.follow_at = None  # measured alone since the change
+                self.follow_sign = 0
             if s.opportunistic:
                 if self.solo is None:
                     self._profile(t, "opportunistic work arrived")
@@ -470,7 +479,9 @@ class FastController:
                 found = ""
                 if covered > 0:
                     if self.purpose is Purpose.FOLLOW and s.opportunistic:
-                        found = f"; the load {self._followed(t, p)}"
+                        found = f"; the load {self._followed(t, p, self.FOLLOW_MOVE * self.cfg.tolerance, self.follow_sign)}"
+                    elif self.purpose is Purpose.PERIODIC and s.opportunistic:
+                        found = f"; the load {self._followed(t, p, self.cfg.tolerance, 1)}"
                     else:
                         self._profiled(p)
                 self.purpose = Purpose.MEASURE
@@ -588,6 +599,7 @@ class FastController:
                 # what was tried did not help: it is production's own progress that changed
                 if t - self.profiled_at > self.ACCEPT_AFTER_PROFILE_S:
                     self._profile(t, f"two cuts brought nothing back ({self._of_solo(p)})", purpose=Purpose.FOLLOW)
+                    self.follow_sign = -1  # followed down: production fell
                 else:  # just measured: take what production does now as its solo progress
                     # and undo what was tried, the in-flight bound with the rate (on an H100,
                     # every start of a PyTorch production job, whose warm-up its first profile
@@ -649,7 +661,7 @@ class FastController:
                     self._change(t, verdict.why)
                     return self._budget()
             if t - self.profiled_at > self.cfg.reprofile_s:
-                self._profile(t, "periodic", periodic=True)
+                self._profile(t, "periodic", periodic=True, purpose=Purpose.PERIODIC)
         return self._budget()
 
 

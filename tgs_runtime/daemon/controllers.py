@@ -14,9 +14,10 @@ take turns at it (`take_turns`). Pure logic: no clocks, no I/O.
   knows S only to about one iteration; the periodic profiles of one run of production are
   averaged (the last 8, while they agree within 10 %; a load change, an idle spell or an
   accepted fall starts afresh), but for one above S by more than the tolerance: a rise of
-  production's own that the harm it takes hides from P, followed as below. Opportunistic work starts unthrottled (the shims' gating
-  already keeps it out of production's way); when production's progress P falls below (1 -
-  tolerance) * S, the rate is cut multiplicatively (by 30 %, deeper after a deeper fall:
+  production's own that the harm it takes hides from P, followed as below. Opportunistic
+  work starts unthrottled (the shims' gating already keeps it out of production's way);
+  when production's progress P falls below (1 - tolerance) * S, the rate is cut
+  multiplicatively (by 30 %, deeper after a deeper fall:
   `_cut`) and then ramped back while P holds (the
   limit goes at once when opportunistic work uses less than half of it: it holds nothing
   back; the shim spends a launch's tokens once, however long production makes it wait, so
@@ -389,12 +390,13 @@ class FastController:
 
     def _checked(self, t: float, p: float, covered: float) -> None:
         """The end of a profile that checked the solo figure behind a violation that cuts
-        eased but did not end. Production alone off the figure by more than half the
-        tolerance: its own load moved (fell slowly, within one job: a turnover of processes
-        is judged on its own), and the cuts were aimed at a figure it no longer reaches: the
-        figure is replaced, and the load followed (`_followed`; before, only a profile below
-        by the whole tolerance replaced it, and one 2.97 % below left the figure to starve
-        opportunistic work). Otherwise it is one more profile of the same load. Either way
+        eased but did not end. Production alone below the figure by more than half the
+        tolerance: its own load fell (slowly, within one job: a turnover of processes is
+        judged on its own), and the cuts were aimed at a figure it no longer reaches: the
+        figure is replaced, and the load followed down (`_followed`; before, only a profile
+        below by the whole tolerance replaced it, and one 2.97 % below, with one check per
+        run of violations, left the figure to starve opportunistic work). Otherwise it is
+        one more profile of the same load. Either way
         the rate goes on from where the cuts left it: against the figure now known it is
         cut further or ramped back up within seconds."""
         self.purpose = Purpose.MEASURE
@@ -478,10 +480,11 @@ class FastController:
                     return self._budget()
                 found = ""
                 if covered > 0:
+                    tol = self.cfg.tolerance
                     if self.purpose is Purpose.FOLLOW and s.opportunistic:
-                        found = f"; the load {self._followed(t, p, self.FOLLOW_MOVE * self.cfg.tolerance, self.follow_sign)}"
+                        found = f"; the load {self._followed(t, p, self.FOLLOW_MOVE * tol, self.follow_sign)}"
                     elif self.purpose is Purpose.PERIODIC and s.opportunistic:
-                        found = f"; the load {self._followed(t, p, self.cfg.tolerance, 1)}"
+                        found = f"; the load {self._followed(t, p, tol, 1)}"
                     else:
                         self._profiled(p)
                 self.purpose = Purpose.MEASURE
@@ -625,7 +628,7 @@ class FastController:
                 # left, and cuts that then start from a deep fall in the same run (its
                 # first violations) are each above the run's start, so none is taken as not
                 # helping (the controller rig, a fall of 10 % over 30 s beside work that
-                # cost production 10 % at full rate: after one check that averaged, cut to 1
+                # cost production 20 % at full rate: after one check that averaged, cut to 1
                 # block/s for good, no cut taken as not helping and no periodic profile)
                 self.check_below = self.CHECK_PART * self.rate
                 self._profile(t, f"cuts to a tenth left {self._of_solo(p)}: is the figure still its own?",

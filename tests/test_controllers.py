@@ -355,19 +355,29 @@ def test_a_production_load_change_is_followed_within_five_seconds():
     assert b.rate == UNLIMITED, "opportunistic work gets the idle time back"
 
 
+def production_load_moves_within_one_job(seconds: float, change: float, harm: float) -> Rig:
+    """A rig sharing with a settled bound (no deeper trials), whose production load then
+    moves by `change` (-0.1: falls by a tenth) over `seconds`, with no idle moment and no
+    process starting or ending, while opportunistic work costs production `harm` blocks per
+    block (0.05 at the rig's full rate: 10 %)."""
+    r = Rig(fast(inflight_deepest=2), harm=0.0)
+    r.run(2, opportunistic=False)
+    r.run(50)
+    r.harm = harm
+    steps = round(seconds / DT)
+    for i in range(steps):
+        r.solo = 50_000.0 * (1 + change * (i + 1) / steps)
+        r.run(DT)
+    return r
+
+
 def test_a_fall_of_production_load_that_cuts_ease_does_not_starve_opportunistic_work():
     """Production's own load falls over 8 s with no idle moment and no process starting or
     ending (a lighter phase of the same job) while opportunistic work does it a little
     harm: each cut helps a little, none brings production back to the figure of the
     heavier load. The figure is checked and replaced, and opportunistic work keeps its
     share (before, it was cut to a few blocks/s for good)."""
-    r = Rig(fast(inflight_deepest=2), harm=0.0)  # no deeper trials: the bound is settled
-    r.run(2, opportunistic=False)
-    r.run(50)
-    r.harm = 0.05  # opportunistic work at full rate costs production 10 %
-    for i in range(80):
-        r.solo = 50_000.0 - 5_000.0 * (i + 1) / 80
-        r.run(DT)
+    r = production_load_moves_within_one_job(8, -0.1, 0.05)  # full rate costs production 10 %
     r.run(20)
     prod = opp = 0.0
     for _ in range(100):
@@ -380,19 +390,6 @@ def test_a_fall_of_production_load_that_cuts_ease_does_not_starve_opportunistic_
     assert opp >= 0.25 * r.capacity, f"opportunistic work ran at {opp:.0f} blocks/s of {r.capacity:.0f}"
 
 
-def production_falls_within_one_job(fall_s: float, part: float, harm: float) -> Rig:
-    """A rig sharing with a settled bound, whose production load then falls by `part` over
-    `fall_s` seconds with no idle moment and no process starting or ending, while
-    opportunistic work at full rate costs production `harm` blocks per block."""
-    r = Rig(fast(inflight_deepest=2), harm=0.0)
-    r.run(2, opportunistic=False)
-    r.run(50)
-    r.harm = harm
-    steps = round(fall_s / DT)
-    for i in range(steps):
-        r.solo = 50_000.0 * (1 - part * (i + 1) / steps)
-        r.run(DT)
-    return r
 
 
 def opportunistic_over(r: Rig, seconds: float) -> float:
@@ -408,7 +405,7 @@ def test_a_figure_taken_while_production_s_load_still_falls_is_measured_again():
     (2.1 % high here), and opportunistic work was held to a third of what the tolerance
     allows for a minute (8,900 blocks/s of 27,000), then two thirds until the next periodic
     profile. The load is followed until a profile finds it where the figure says."""
-    r = production_falls_within_one_job(16, 0.1, 0.05)  # full rate costs production 10 %
+    r = production_load_moves_within_one_job(16, -0.1, 0.05)  # full rate costs production 10 %
     r.run(10)
     assert abs(r.budget.solo - r.solo) <= 0.005 * r.solo, f"the solo figure is {r.budget.solo:.0f} for {r.solo:.0f}"
     allowed = 0.03 * r.solo / r.harm  # what costs production the tolerance
@@ -421,7 +418,7 @@ def test_a_fall_that_goes_on_after_the_check_does_not_starve_opportunistic_work(
     deep fall: every later cut is above that start, so none is taken as not helping, and
     production never holds, so no periodic profile comes. With one check per run, cuts took
     opportunistic work to 1 block/s for good; it is checked again at each further tenth."""
-    r = production_falls_within_one_job(30, 0.1, 0.1)  # full rate costs production 20 %
+    r = production_load_moves_within_one_job(30, -0.1, 0.1)  # full rate costs production 20 %
     r.run(30)
     allowed = 0.03 * r.solo / r.harm
     opp = opportunistic_over(r, 20)
@@ -435,15 +432,9 @@ def test_a_rise_of_production_s_own_that_the_harm_it_takes_hides_is_found_by_the
     violation and no rise of 10 % tells. The periodic profile finds it alone 3.4 % above;
     averaged into the figure, as every profile of one load was, it left production at
     0.916-0.957 of its new solo progress for five minutes (the figure 50,862 blocks/s for
-    54,000 10 s after the rise, 51,903 a minute later). Found above by more than the tolerance,
-    production is followed until the figure catches up."""
-    r = Rig(fast(inflight_deepest=2), harm=0.0)
-    r.run(2, opportunistic=False)
-    r.run(50)
-    r.harm = 0.05
-    for i in range(300):
-        r.solo = 50_000.0 * (1 + 0.08 * (i + 1) / 300)
-        r.run(DT)
+    54,000 10 s after the rise, 51,903 at the next periodic profile 37 s later). Found above
+    by more than the tolerance, production is followed until the figure catches up."""
+    r = production_load_moves_within_one_job(30, 0.08, 0.05)  # full rate costs production 10 %
     r.run(10)
     assert r.budget.solo >= 0.985 * r.solo, f"the solo figure is {r.budget.solo:.0f} for {r.solo:.0f}"
     before = r.produced

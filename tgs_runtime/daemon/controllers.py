@@ -245,7 +245,6 @@ class FastController:
     FOLLOW_S = 5.0     # a figure taken from a load that was moving is measured again this much later
     FOLLOW_MOVE = 0.5  # a followed or checked load moved: its profile is off the figure by more than this part
                        # of the tolerance (the periodic profile: the whole tolerance)
-    SETTLED = "settled"  # `_followed`: the load was where its figure said
     OWN_FALL_PART = 0.25          # overlap below this part of a fall: the fall is production's own
     FREE_WHY = "no production on the GPU"  # why it is free: where it starts, and where production leaves
 
@@ -378,10 +377,10 @@ class FastController:
         self.follow_sign = 0
         if abs(p - solo) <= bar * solo:
             self._profiled(p)
-            return self.SETTLED
+            return "settled"
         if way and sign != way:
             self._profiled(p)
-            return f"{self.SETTLED}: not followed {'up' if sign > 0 else 'down'}"
+            return f"settled: not followed {'up' if sign > 0 else 'down'}"
         self.profiles = []
         self._profiled(p)  # the figure, and what it says of the overlap signal
         self.follow_sign = sign

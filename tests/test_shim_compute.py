@@ -287,6 +287,66 @@ def test_readings_that_confirm_a_kernels_length_let_the_shim_time_fewer_launches
     assert shorter[-1][2] == 32, shorter
 
 
+def grids_taken(c_programs, args: list[str | int]) -> list[int]:
+    """Grid sizes through libtgs.so's rules for a function's lengths on the grids timed
+    (libshim/src/kernel_length.h): an int is a reading on that many blocks; "?N" asks
+    which grid size timed a kernel on N blocks, not timed there, is taken to run as (0:
+    none near enough). The answers, in order."""
+    exe = c_programs("fn_places.c")
+    out = subprocess.run([str(exe), *map(str, args)], capture_output=True, text=True, check=True).stdout
+    return [int(x) for x in out.split()]
+
+
+# a function's short kernels on a framework's dynamic shapes, timed one grid after another
+SMALL_GRIDS = [108 + 50 * i for i in range(100)]  # 108 to 5,058 blocks
+
+
+def test_a_function_keeps_its_large_grid_among_readings_on_its_small_ones(c_programs):
+    """A job's long kernels on grids of their own (over twice the blocks of its short
+    ones), timed now and then among many readings of its short kernels on dynamic shapes,
+    keep their place: the next long kernel, on a grid not timed yet, is taken for the long
+    one timed. Always taking the place nearest a new reading, the first short one beyond
+    the places' spread took the long kernel's (the places keep eight grid sizes)."""
+    readings = SMALL_GRIDS[:60] + [10216] + SMALL_GRIDS[60:]
+    assert grids_taken(c_programs, readings + ["?10300", "?5000", "?108"]) == [10216, 5058, 108]
+
+
+def test_a_kernel_on_a_grid_far_from_those_timed_is_taken_as_never_timed(c_programs):
+    """A kernel on over twice the blocks of any grid its function was timed on (or under
+    half) is not taken to run as long as the nearest: a job's 2 ms kernels on grids of
+    their own, taken for its 10 us ones, were queued ten at a time beside production.
+    Within twice, the nearest grid timed stands for it."""
+    assert grids_taken(c_programs, SMALL_GRIDS + ["?10216", "?50", "?9000", "?60"]) == [0, 0, 5058, 108]
+
+
+def test_a_job_new_to_the_shim_does_not_queue_its_long_kernels_beside_production(simgpu, container, libshim):
+    """From its first launch, a job of 10 us kernels whose iterations end in ten of 2 ms
+    on grids of their own (5,000 grid sizes of each kind in turn: every kernel new to the
+    shim) does not queue its long kernels beside production (gated, anticipated, half
+    busy) before it has timed one: taken for its short kernels, ten of them were queued at
+    once, and production kept 0.90-0.92 of its kernels over such a job's first 1.5 s in
+    three runs of six. Three new jobs in turn here, the worst of them counts."""
+    prod = container(proto.Class.PRODUCTION, "prod")
+    opp = container(proto.Class.OPPORTUNISTIC, "opp")
+    opp.control.set_budget(0, rate=proto.RATE_UNLIMITED, inflight=2, gate=True, anticipate=True)
+    p = simgpu.workload(Workload.with_duty(0.5, period_ms=20, kernels=10, seconds=10, report_s=0.5), "prod",
+                        prod.env(libshim.shim))
+    simgpu.wait_for_contexts(["prod"])
+    time.sleep(0.5)
+    solo, _ = rate_between(simgpu, "prod", 1.0)
+    mixed = Workload(kernel_us=10, kernels=500, long_kernels=10, long_us=2000, shapes=5000, seconds=2,
+                     report_s=0.5)
+    shared = []
+    for i in range(3):  # each job a new process: nothing timed
+        o = simgpu.workload(mixed, f"opp{i}", opp.env(libshim.shim))
+        simgpu.wait_for_contexts([f"opp{i}"])
+        shared.append(rate_between(simgpu, "prod", 1.5)[0])
+        o.kill()
+    p.kill()
+    # the worst of three: 0.996-1.000 of solo in three runs; 0.80-0.93 in three runs before
+    assert min(shared) >= 0.95 * solo, f"production ran {shared} kernels/s beside new jobs, {solo:.0f} alone"
+
+
 def test_a_job_whose_kernels_keep_their_lengths_is_timed_less_often(simgpu, container, libshim):
     """Under the in-flight bound, a job of steady 20 us kernels settles to one timed launch
     in 256 (the shim says so at debug level), and goes on keeping the engine busy."""

@@ -355,69 +355,46 @@ static struct tgs_fn_lengths *fn_slot(struct tgs_gpu *g, uintptr_t fn, int inser
     return NULL;
 }
 
-static double grid_ratio(uint64_t a, uint64_t b) {
-    return a > b ? (double)a / (double)(b ? b : 1) : (double)b / (double)(a ? a : 1);
-}
-
-/* The timer's owner notes `fn`'s length on `blocks`: in that grid size's place, else in
- * an empty one, else in the place of the grid size nearest it (by ratio), so that the
- * places keep the spread of grid sizes timed: a function launched mostly on small grids
- * and now and then on large ones keeps its large ones. A place being rewritten is
- * emptied first, so that no reader pairs one grid size with another's length. */
+/* The timer's owner notes `fn`'s length on `blocks`, in the place tgs_fn_place
+ * (kernel_length.h) picks. A place being rewritten is emptied first, so that no reader
+ * pairs one grid size with another's length. */
 static void fn_length_note(struct tgs_gpu *g, uintptr_t fn, uint64_t blocks, uint64_t ns) {
     struct tgs_fn_lengths *f = fn_slot(g, fn, 1);
     if (!f || !blocks)
         return;
-    unsigned at = TGS_FN_GRIDS, empty = TGS_FN_GRIDS, nearest = 0;
-    double nearest_ratio = 0;
-    for (unsigned i = 0; i < TGS_FN_GRIDS && at == TGS_FN_GRIDS; i++) {
-        uint64_t b = __atomic_load_n(&f->blocks[i], __ATOMIC_RELAXED);
-        double r = grid_ratio(b, blocks);
-        if (b == blocks)
-            at = i;
-        else if (!b && empty == TGS_FN_GRIDS)
-            empty = i;
-        else if (b && (!nearest_ratio || r < nearest_ratio)) {
-            nearest = i;
-            nearest_ratio = r;
-        }
-    }
-    if (at == TGS_FN_GRIDS) {
-        at = empty < TGS_FN_GRIDS ? empty : nearest;
+    uint64_t b[TGS_FN_GRIDS];
+    for (unsigned i = 0; i < TGS_FN_GRIDS; i++)
+        b[i] = __atomic_load_n(&f->blocks[i], __ATOMIC_RELAXED);
+    unsigned at = tgs_fn_place(b, TGS_FN_GRIDS, blocks);
+    if (b[at] != blocks)
         __atomic_store_n(&f->blocks[at], 0, __ATOMIC_RELEASE);
-    }
     __atomic_store_n(&f->ns[at], ns, __ATOMIC_RELEASE);
     __atomic_store_n(&f->blocks[at], blocks, __ATOMIC_RELEASE);
 }
 
 /* How long `fn` runs on `blocks`, for a kernel not timed on that grid: its length on the
- * nearest grid size timed lately (by ratio), or 0 when it was never timed. Kernels of
- * one function on nearby grids run alike more often than kernels of different ones. */
+ * grid size tgs_fn_nearest (kernel_length.h) picks among those timed lately, or 0 when
+ * none is near enough (or it was never timed). */
 static uint64_t fn_length_near(struct tgs_gpu *g, uintptr_t fn, uint64_t blocks) {
     struct tgs_fn_lengths *f = fn_slot(g, fn, 0);
     if (!f)
         return 0;
-    uint64_t best = 0;
-    double best_ratio = 0;
+    uint64_t b[TGS_FN_GRIDS], ns[TGS_FN_GRIDS];
     for (unsigned i = 0; i < TGS_FN_GRIDS; i++) {
-        uint64_t b = __atomic_load_n(&f->blocks[i], __ATOMIC_ACQUIRE);
-        uint64_t ns = __atomic_load_n(&f->ns[i], __ATOMIC_ACQUIRE);
-        if (!b || __atomic_load_n(&f->blocks[i], __ATOMIC_ACQUIRE) != b) /* empty, or being rewritten */
-            continue;
-        double r = grid_ratio(b, blocks);
-        if (!best || r < best_ratio) {
-            best = ns;
-            best_ratio = r;
-        }
+        b[i] = __atomic_load_n(&f->blocks[i], __ATOMIC_ACQUIRE);
+        ns[i] = __atomic_load_n(&f->ns[i], __ATOMIC_ACQUIRE);
+        if (__atomic_load_n(&f->blocks[i], __ATOMIC_ACQUIRE) != b[i]) /* being rewritten */
+            b[i] = 0;
     }
-    return best;
+    unsigned at = tgs_fn_nearest(b, TGS_FN_GRIDS, blocks);
+    return at < TGS_FN_GRIDS ? ns[at] : 0;
 }
 
 /* What the shim knows of the kernel one launch is about to start, looked up once per
  * launch: its own length (0: not timed on its grid), whether that was timed twice,
  * whether its last reading waits to be confirmed (kernel_length.h), and, for a kernel
  * timed fewer than twice, its function's length on the nearest grid size timed (0: the
- * function never was). */
+ * function never was timed on a grid near enough: fn_length_near). */
 struct kernel_known {
     uint64_t own, near;
     int twice, recheck;
@@ -437,7 +414,7 @@ static struct kernel_known kernel_known(struct tgs_gpu *g, uintptr_t fn, uint64_
 }
 
 /* How long anticipation takes a kernel to run: its own length once it has been timed
- * twice, else its function's on the nearest grid timed, else the median of the
+ * twice, else its function's on the nearest grid timed (near enough), else the median of the
  * process's last five timed kernels. Taking every kernel for the median let a 2 ms kernel
  * among 10 us ones start just before production was due; with dynamic shapes, where most
  * kernels are new, so did taking new ones for it (production 0.975 of solo beside such a
@@ -451,15 +428,15 @@ static uint64_t kernel_expected(const struct tgs_gpu *g, struct kernel_known kn)
 /* The in-flight bound is work: `inflight_max` kernels of TGS_INFLIGHT_QUANTUM_NS or
  * longer, a shorter kernel counting as the part of that it runs (by its own length, once
  * timed; until then by its function's on the nearest grid size timed, or as a whole one
- * if the function never was), and at most TGS_INFLIGHT_RING kernels. Counted in
- * kernels alone, a job of 10-20 us kernels kept the GPU busy only a third to half of the
- * time production left idle on simgpu, and of the time it had alone: its launching
- * thread woke to launch the next kernel long after the last one had ended. Costed by an
- * average of the job's kernels, a job of short kernels with a run of long ones at the end
- * of each iteration queued the whole run behind production (under tgsd on simgpu, 0.952
- * of solo at 50 % duty against 0.992 counting kernels). Costed kernel by kernel, with the
- * long ones on another grid: 0.980 (0.994 counting kernels), and 0.805 of the idle time
- * to the job against 0.46. */
+ * if the function never was timed on a grid near enough), and at most TGS_INFLIGHT_RING
+ * kernels. Counted in kernels alone, a job of 10-20 us kernels kept the GPU busy only a
+ * third to half of the time production left idle on simgpu, and of the time it had
+ * alone: its launching thread woke to launch the next kernel long after the last one had
+ * ended. Costed by an average of the job's kernels, a job of short kernels with a run of
+ * long ones at the end of each iteration queued the whole run behind production (under
+ * tgsd on simgpu, 0.952 of solo at 50 % duty against 0.992 counting kernels). Costed
+ * kernel by kernel, with the long ones on another grid: 0.980 (0.994 counting kernels),
+ * and 0.805 of the idle time to the job against 0.46. */
 static uint64_t kernel_cost(struct kernel_known kn) {
     uint64_t ns = kn.own ? kn.own : kn.near; /* not timed on this grid: its function's on the nearest */
     return ns && ns < TGS_INFLIGHT_QUANTUM_NS ? ns : TGS_INFLIGHT_QUANTUM_NS;

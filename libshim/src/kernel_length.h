@@ -65,4 +65,73 @@ static inline unsigned tgs_time_every_next(unsigned every, int known, int confir
     return every >= TGS_TIME_EVERY_MAX / 2 ? TGS_TIME_EVERY_MAX : 2 * every;
 }
 
+/* ---------- a function's lengths on the grid sizes timed ----------
+ * compute.c keeps, per function (or graph), its lengths on up to TGS_FN_GRIDS grid sizes
+ * timed, for its kernels on grids not timed yet (a framework's dynamic shapes). These are
+ * the rules for which place a reading goes in and which place a kernel not timed on its
+ * grid takes its length from; tests/c/fn_places.c runs them. */
+
+/* A kernel not timed on its grid runs as its function on a grid at most this many times
+ * larger or smaller; farther, it is taken as never timed. Kernels of one function on
+ * nearby grids run alike more often than kernels of different ones; a function's kernels
+ * on grids of their own may not: a job's 2 ms kernels on twice the blocks of its 10 us
+ * ones, taken for 10 us, were queued ten at a time beside production, which kept
+ * 0.90-0.92 of its kernels for the job's first 1.5 s in half the runs on simgpu. */
+#define TGS_FN_NEAR_RATIO 2.0
+
+static inline double tgs_grid_ratio(uint64_t a, uint64_t b) {
+    return a > b ? (double)a / (double)(b ? b : 1) : (double)b / (double)(a ? a : 1);
+}
+
+/* The place of `n` (grid sizes `b`, 0: empty; they fill in order) a reading on `blocks`
+ * goes in: that grid size's own, else an empty one, else the place of the grid size
+ * nearest it (by ratio) if no two places lie nearer each other than that, else the place
+ * of whichever of the two nearest each other lies nearer it. So the places keep the
+ * spread of grid sizes timed: a function launched on small grids all the time and on a
+ * large one now and then (a job's short kernels and its long ones, on grids of their own)
+ * keeps the large one. Always taking the nearest place, every reading on a small grid
+ * beyond the places' spread took the large grid's place. */
+static inline unsigned tgs_fn_place(const uint64_t *b, unsigned n, uint64_t blocks) {
+    for (unsigned i = 0; i < n; i++)
+        if (b[i] == blocks || !b[i])
+            return i;
+    unsigned nearest = 0, p = 0, q = 0;
+    double nearest_ratio = 0, pair_ratio = 0;
+    for (unsigned i = 0; i < n; i++) {
+        double r = tgs_grid_ratio(b[i], blocks);
+        if (!nearest_ratio || r < nearest_ratio) {
+            nearest = i;
+            nearest_ratio = r;
+        }
+        for (unsigned j = i + 1; j < n; j++) {
+            double rp = tgs_grid_ratio(b[i], b[j]);
+            if (!pair_ratio || rp < pair_ratio) {
+                p = i;
+                q = j;
+                pair_ratio = rp;
+            }
+        }
+    }
+    if (nearest_ratio <= pair_ratio)
+        return nearest;
+    return tgs_grid_ratio(b[p], blocks) < tgs_grid_ratio(b[q], blocks) ? p : q;
+}
+
+/* The place of `n` (0: empty) whose length a kernel on `blocks` is taken to run: the grid
+ * size nearest it (by ratio), if within TGS_FN_NEAR_RATIO; else n. */
+static inline unsigned tgs_fn_nearest(const uint64_t *b, unsigned n, uint64_t blocks) {
+    unsigned best = n;
+    double best_ratio = 0;
+    for (unsigned i = 0; i < n; i++) {
+        if (!b[i])
+            continue;
+        double r = tgs_grid_ratio(b[i], blocks);
+        if (best == n || r < best_ratio) {
+            best = i;
+            best_ratio = r;
+        }
+    }
+    return best < n && best_ratio <= TGS_FN_NEAR_RATIO ? best : n;
+}
+
 #endif

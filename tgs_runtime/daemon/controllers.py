@@ -319,15 +319,16 @@ class FastController:
         return Budget(rate, inflight, self.phase != Phase.FREE, self.phase.value, self.solo, self.progress,
                       self.window.overlap().per_s, self.why)
 
-    def _profile(self, t: float, why: str, periodic: bool = False, purpose: Purpose = Purpose.MEASURE) -> None:
-        """Pauses opportunistic work to measure production alone. Only the periodic profile
-        of a run of production keeps the earlier ones to average with: any other comes
-        after a change (a new pair, a return from idle, a load change), and the load after
-        it starts from the configured in-flight bound, as from no rate limit: a bound of
-        one, taken against the last load's harm, costs opportunistic work the moments
-        between one of its kernels ending and the next being launched (a fifth of the
-        idle time beside 75 % duty on simgpu, docs/results/history.md, dynamics)."""
-        if not periodic:
+    def _profile(self, t: float, why: str, same_load: bool = False, purpose: Purpose = Purpose.MEASURE) -> None:
+        """Pauses opportunistic work to measure production alone. Only a profile of the same
+        load (`same_load`: the periodic one, a check, a follow-up) keeps the earlier ones to
+        average with: any other comes after a change (a new pair, a return from idle, a load
+        change), and the load after it starts from the configured in-flight bound, as from
+        no rate limit: a bound of one, taken against the last load's harm, costs
+        opportunistic work the moments between one of its kernels ending and the next being
+        launched (a fifth of the idle time beside 75 % duty on simgpu,
+        docs/results/history.md, dynamics)."""
+        if not same_load:
             self.profiles = []
             self.follow_sign = 0  # a new load
             self.bound.restore()
@@ -522,7 +523,7 @@ class FastController:
                 self._profile(t, f"a second after a production process started or ended, {self._of_solo(p)}")
                 return self._budget()
         if self.follow_at is not None and t >= self.follow_at - 1e-9:
-            self._profile(t, "the solo figure was taken while production's load moved", periodic=True,
+            self._profile(t, "the solo figure was taken while production's load moved", same_load=True,
                           purpose=Purpose.FOLLOW)
             return self._budget()
         if t - self.decided_at < self.DECIDE_S or covered < self.MIN_DATA_S:
@@ -631,7 +632,7 @@ class FastController:
                 # block/s for good, no cut taken as not helping and no periodic profile)
                 self.check_below = self.CHECK_PART * self.rate
                 self._profile(t, f"cuts to a tenth left {self._of_solo(p)}: is the figure still its own?",
-                              periodic=True, purpose=Purpose.CHECK)
+                              same_load=True, purpose=Purpose.CHECK)
                 return self._budget()
             # first, the in-flight bound: back from a deeper trial, else fewer kernels for
             # production to wait behind
@@ -663,7 +664,7 @@ class FastController:
                     self._change(t, verdict.why)
                     return self._budget()
             if t - self.profiled_at > self.cfg.reprofile_s:
-                self._profile(t, "periodic", periodic=True, purpose=Purpose.PERIODIC)
+                self._profile(t, "periodic", same_load=True, purpose=Purpose.PERIODIC)
         return self._budget()
 
 

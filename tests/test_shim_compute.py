@@ -305,8 +305,8 @@ def test_a_function_keeps_its_large_grid_among_readings_on_its_small_ones(c_prog
     """A job's long kernels on grids of their own (over twice the blocks of its short
     ones), timed now and then among many readings of its short kernels on dynamic shapes,
     keep their place: the next long kernel, on a grid not timed yet, is taken for the long
-    one timed. Always taking the place nearest a new reading, the first short one beyond
-    the places' spread took the long kernel's (the places keep eight grid sizes)."""
+    one timed. Always taking the place nearest a new reading, a short one nearer the long
+    kernel's grid than any other place took its place (the places keep eight grid sizes)."""
     readings = SMALL_GRIDS[:60] + [10216] + SMALL_GRIDS[60:]
     assert grids_taken(c_programs, readings + ["?10300", "?5000", "?108"]) == [10216, 5058, 108]
 

@@ -89,8 +89,8 @@ static inline double tgs_grid_ratio(uint64_t a, uint64_t b) {
  * of whichever of the two nearest each other lies nearer it. So the places keep the
  * spread of grid sizes timed: a function launched on small grids all the time and on a
  * large one now and then (a job's short kernels and its long ones, on grids of their own)
- * keeps the large one. Always taking the nearest place, every reading on a small grid
- * beyond the places' spread took the large grid's place. */
+ * keeps the large one. Always taking the nearest place, a reading on a small grid nearer
+ * the large one than any other place took the large one's. */
 static inline unsigned tgs_fn_place(const uint64_t *b, unsigned n, uint64_t blocks) {
     for (unsigned i = 0; i < n; i++)
         if (b[i] == blocks || !b[i])

@@ -341,9 +341,10 @@ class FastController:
         self.profiled_at = t
         self._change(t, f"{why}: profiling production alone", Phase.PROFILE)
 
-    def _profiled(self, p: float) -> None:
+    def _profiled(self, p: float) -> bool:
         """A profile knows production's solo progress only to about one of its iterations;
-        profiles of the same load (within LOAD_CHANGE of their mean) are averaged. One that
+        profiles of the same load (within LOAD_CHANGE of their mean) are averaged; returns
+        whether this one was (else it is the figure of a new load). One that
         finds production alone above a figure taken from a change seen as its own by more
         than the tolerance catches the overlap signal out: for this load, changes are judged
         without it (falls by cuts, as where opportunistic work does not watch; rises by a
@@ -355,6 +356,7 @@ class FastController:
         same = mean is not None and abs(p - mean) <= self.LOAD_CHANGE * mean
         self.profiles = (self.profiles[-(self.PROFILES_KEPT - 1):] if same else []) + [p]
         self.solo = sum(self.profiles) / len(self.profiles)
+        return same
 
     def _followed(self, t: float, p: float, bar: float, way: int) -> str:
         """The end of a profile that may find production's load moving within one job,
@@ -366,7 +368,9 @@ class FastController:
         either), replaces it, and the load is followed: profiled again FOLLOW_S later, and
         followed on while it goes on the same way. Otherwise it is one more profile of the
         load, averaged in (`_profiled`): within the bar it settled; the other way, it may be
-        noise (a profile knows production only to about an iteration where it is counted).
+        noise (a profile knows production only to about an iteration where it is counted),
+        unless it is off the load's profiles by over LOAD_CHANGE: then, as any profile, it
+        is the figure of a new load, and the decision log says so.
         Before, a figure taken while the load moved stayed until the next periodic profile
         (60 s), which was only averaged in: in the controller rig a fall of 10 % over 16 s
         left it 2.1 % high, and opportunistic work at a third of what the tolerance allows
@@ -380,8 +384,10 @@ class FastController:
             self._profiled(p)
             return "settled"
         if way and sign != way:
-            self._profiled(p)
-            return f"settled: not followed {'up' if sign > 0 else 'down'}"
+            not_followed = f"not followed {'up' if sign > 0 else 'down'}"
+            if self._profiled(p):
+                return f"settled: {not_followed}"
+            return f"{not_followed}, but off its profiles by over {self.LOAD_CHANGE:.0%}: taken as a new load"
         self.profiles = []
         self._profiled(p)  # the figure, and what it says of the overlap signal
         self.follow_sign = sign

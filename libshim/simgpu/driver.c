@@ -736,7 +736,7 @@ static CUresult capture_broken(struct sim_stream *s) {
     return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
 }
 
-static CUresult stream_sync(CUstream hStream) {
+SIM_API CUresult CUDAAPI cuStreamSynchronize(CUstream hStream) {
     struct sim_stream *s;
     CUresult r = drv_stream(hStream, &s);
     if (r)
@@ -746,10 +746,9 @@ static CUresult stream_sync(CUstream hStream) {
     eng_wait(drv_device(s->ctx), s->ctx->slot, s->ctx->gen, s->last_head);
     return CUDA_SUCCESS;
 }
-SIM_API CUresult CUDAAPI cuStreamSynchronize(CUstream hStream) { return stream_sync(hStream); }
-SIM_API CUresult CUDAAPI cuStreamSynchronize_ptsz(CUstream hStream) { return stream_sync(hStream); }
+SIM_TWIN(cuStreamSynchronize_ptsz, cuStreamSynchronize, (CUstream hStream), (hStream));
 
-static CUresult stream_query(CUstream hStream) {
+SIM_API CUresult CUDAAPI cuStreamQuery(CUstream hStream) {
     struct sim_stream *s;
     CUresult r = drv_stream(hStream, &s);
     if (r)
@@ -759,12 +758,11 @@ static CUresult stream_query(CUstream hStream) {
     return eng_done(drv_device(s->ctx), s->ctx->slot, s->ctx->gen, s->last_head) ? CUDA_SUCCESS
                                                                                  : CUDA_ERROR_NOT_READY;
 }
-SIM_API CUresult CUDAAPI cuStreamQuery(CUstream hStream) { return stream_query(hStream); }
-SIM_API CUresult CUDAAPI cuStreamQuery_ptsz(CUstream hStream) { return stream_query(hStream); }
+SIM_TWIN(cuStreamQuery_ptsz, cuStreamQuery, (CUstream hStream), (hStream));
 
 /* One engine queue per context runs its streams' work in submission order, so a wait
  * on an event recorded earlier is already satisfied. */
-static CUresult stream_wait_event(CUstream hStream, CUevent hEvent, unsigned int Flags) {
+SIM_API CUresult CUDAAPI cuStreamWaitEvent(CUstream hStream, CUevent hEvent, unsigned int Flags) {
     (void)Flags;
     struct sim_stream *s;
     CUresult r = drv_stream(hStream, &s);
@@ -777,57 +775,41 @@ static CUresult stream_wait_event(CUstream hStream, CUevent hEvent, unsigned int
         eng_wait(drv_device(e->ctx), e->ctx->slot, e->ctx->gen, e->head);
     return CUDA_SUCCESS;
 }
-SIM_API CUresult CUDAAPI cuStreamWaitEvent(CUstream hStream, CUevent hEvent, unsigned int Flags) {
-    return stream_wait_event(hStream, hEvent, Flags);
-}
-SIM_API CUresult CUDAAPI cuStreamWaitEvent_ptsz(CUstream hStream, CUevent hEvent, unsigned int Flags) {
-    return stream_wait_event(hStream, hEvent, Flags);
+SIM_TWIN(cuStreamWaitEvent_ptsz, cuStreamWaitEvent,
+         (CUstream hStream, CUevent hEvent, unsigned int Flags), (hStream, hEvent, Flags));
+
+/* The stream a query is about, where its answer has somewhere to go (`out`). */
+static CUresult stream_asked(CUstream hStream, const void *out, struct sim_stream **s) {
+    CUresult r = drv_stream(hStream, s);
+    return r ? r : out ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
 }
 
-static CUresult stream_get_flags(CUstream hStream, unsigned int *flags) {
+SIM_API CUresult CUDAAPI cuStreamGetFlags(CUstream hStream, unsigned int *flags) {
     struct sim_stream *s;
-    CUresult r = drv_stream(hStream, &s);
-    if (r)
-        return r;
-    if (!flags)
-        return CUDA_ERROR_INVALID_VALUE;
-    *flags = s->flags;
-    return CUDA_SUCCESS;
+    CUresult r = stream_asked(hStream, flags, &s);
+    if (!r)
+        *flags = s->flags;
+    return r;
 }
-SIM_API CUresult CUDAAPI cuStreamGetFlags(CUstream hStream, unsigned int *flags) { return stream_get_flags(hStream, flags); }
-SIM_API CUresult CUDAAPI cuStreamGetFlags_ptsz(CUstream hStream, unsigned int *flags) {
-    return stream_get_flags(hStream, flags);
-}
+SIM_TWIN(cuStreamGetFlags_ptsz, cuStreamGetFlags, (CUstream hStream, unsigned int *flags), (hStream, flags));
 
-static CUresult stream_get_priority(CUstream hStream, int *priority) {
-    struct sim_stream *s;
-    CUresult r = drv_stream(hStream, &s);
-    if (r)
-        return r;
-    if (!priority)
-        return CUDA_ERROR_INVALID_VALUE;
-    *priority = s->priority;
-    return CUDA_SUCCESS;
-}
 SIM_API CUresult CUDAAPI cuStreamGetPriority(CUstream hStream, int *priority) {
-    return stream_get_priority(hStream, priority);
-}
-SIM_API CUresult CUDAAPI cuStreamGetPriority_ptsz(CUstream hStream, int *priority) {
-    return stream_get_priority(hStream, priority);
-}
-
-static CUresult stream_get_ctx(CUstream hStream, CUcontext *pctx) {
     struct sim_stream *s;
-    CUresult r = drv_stream(hStream, &s);
-    if (r)
-        return r;
-    if (!pctx)
-        return CUDA_ERROR_INVALID_VALUE;
-    *pctx = (CUcontext)s->ctx;
-    return CUDA_SUCCESS;
+    CUresult r = stream_asked(hStream, priority, &s);
+    if (!r)
+        *priority = s->priority;
+    return r;
 }
-SIM_API CUresult CUDAAPI cuStreamGetCtx(CUstream hStream, CUcontext *pctx) { return stream_get_ctx(hStream, pctx); }
-SIM_API CUresult CUDAAPI cuStreamGetCtx_ptsz(CUstream hStream, CUcontext *pctx) { return stream_get_ctx(hStream, pctx); }
+SIM_TWIN(cuStreamGetPriority_ptsz, cuStreamGetPriority, (CUstream hStream, int *priority), (hStream, priority));
+
+SIM_API CUresult CUDAAPI cuStreamGetCtx(CUstream hStream, CUcontext *pctx) {
+    struct sim_stream *s;
+    CUresult r = stream_asked(hStream, pctx, &s);
+    if (!r)
+        *pctx = (CUcontext)s->ctx;
+    return r;
+}
+SIM_TWIN(cuStreamGetCtx_ptsz, cuStreamGetCtx, (CUstream hStream, CUcontext *pctx), (hStream, pctx));
 
 /* ---------- events ---------- */
 
@@ -967,15 +949,13 @@ static CUresult event_record(CUevent hEvent, CUstream hStream) {
     return CUDA_SUCCESS;
 }
 SIM_API CUresult CUDAAPI cuEventRecord(CUevent hEvent, CUstream hStream) { return event_record(hEvent, hStream); }
-SIM_API CUresult CUDAAPI cuEventRecord_ptsz(CUevent hEvent, CUstream hStream) { return event_record(hEvent, hStream); }
+SIM_TWIN(cuEventRecord_ptsz, cuEventRecord, (CUevent hEvent, CUstream hStream), (hEvent, hStream));
 SIM_API CUresult CUDAAPI cuEventRecordWithFlags(CUevent hEvent, CUstream hStream, unsigned int flags) {
     (void)flags;
     return event_record(hEvent, hStream);
 }
-SIM_API CUresult CUDAAPI cuEventRecordWithFlags_ptsz(CUevent hEvent, CUstream hStream, unsigned int flags) {
-    (void)flags;
-    return event_record(hEvent, hStream);
-}
+SIM_TWIN(cuEventRecordWithFlags_ptsz, cuEventRecordWithFlags,
+         (CUevent hEvent, CUstream hStream, unsigned int flags), (hEvent, hStream, flags));
 
 static void event_settle_time(struct sim_event *e) {
     if (e->time_ns && !e->waiting) /* known: nothing to do (the query path's common case) */
@@ -1344,13 +1324,12 @@ SIM_API CUresult CUDAAPI cuLaunchKernel(CUfunction f, unsigned int gridDimX, uns
                   kernelParams, extra);
 }
 
-SIM_API CUresult CUDAAPI cuLaunchKernel_ptsz(CUfunction f, unsigned int gridDimX, unsigned int gridDimY,
-                                             unsigned int gridDimZ, unsigned int blockDimX, unsigned int blockDimY,
-                                             unsigned int blockDimZ, unsigned int sharedMemBytes, CUstream hStream,
-                                             void **kernelParams, void **extra) {
-    return launch(f, gridDimX, gridDimY, gridDimZ, blockDimX, blockDimY, blockDimZ, sharedMemBytes, hStream,
-                  kernelParams, extra);
-}
+SIM_TWIN(cuLaunchKernel_ptsz, cuLaunchKernel,
+         (CUfunction f, unsigned int gridDimX, unsigned int gridDimY, unsigned int gridDimZ, unsigned int blockDimX,
+          unsigned int blockDimY, unsigned int blockDimZ, unsigned int sharedMemBytes, CUstream hStream,
+          void **kernelParams, void **extra),
+         (f, gridDimX, gridDimY, gridDimZ, blockDimX, blockDimY, blockDimZ, sharedMemBytes, hStream, kernelParams,
+          extra));
 
 SIM_API CUresult CUDAAPI cuLaunchKernelEx(const CUlaunchConfig *config, CUfunction f, void **kernelParams,
                                           void **extra) {
@@ -1360,10 +1339,9 @@ SIM_API CUresult CUDAAPI cuLaunchKernelEx(const CUlaunchConfig *config, CUfuncti
                   config->blockDimZ, config->sharedMemBytes, config->hStream, kernelParams, extra);
 }
 
-SIM_API CUresult CUDAAPI cuLaunchKernelEx_ptsz(const CUlaunchConfig *config, CUfunction f, void **kernelParams,
-                                               void **extra) {
-    return cuLaunchKernelEx(config, f, kernelParams, extra);
-}
+SIM_TWIN(cuLaunchKernelEx_ptsz, cuLaunchKernelEx,
+         (const CUlaunchConfig *config, CUfunction f, void **kernelParams, void **extra),
+         (config, f, kernelParams, extra));
 
 SIM_API CUresult CUDAAPI cuLaunchCooperativeKernel(CUfunction f, unsigned int gridDimX, unsigned int gridDimY,
                                                    unsigned int gridDimZ, unsigned int blockDimX,
@@ -1374,14 +1352,11 @@ SIM_API CUresult CUDAAPI cuLaunchCooperativeKernel(CUfunction f, unsigned int gr
                   kernelParams, NULL);
 }
 
-SIM_API CUresult CUDAAPI cuLaunchCooperativeKernel_ptsz(CUfunction f, unsigned int gridDimX, unsigned int gridDimY,
-                                                        unsigned int gridDimZ, unsigned int blockDimX,
-                                                        unsigned int blockDimY, unsigned int blockDimZ,
-                                                        unsigned int sharedMemBytes, CUstream hStream,
-                                                        void **kernelParams) {
-    return launch(f, gridDimX, gridDimY, gridDimZ, blockDimX, blockDimY, blockDimZ, sharedMemBytes, hStream,
-                  kernelParams, NULL);
-}
+SIM_TWIN(cuLaunchCooperativeKernel_ptsz, cuLaunchCooperativeKernel,
+         (CUfunction f, unsigned int gridDimX, unsigned int gridDimY, unsigned int gridDimZ, unsigned int blockDimX,
+          unsigned int blockDimY, unsigned int blockDimZ, unsigned int sharedMemBytes, CUstream hStream,
+          void **kernelParams),
+         (f, gridDimX, gridDimY, gridDimZ, blockDimX, blockDimY, blockDimZ, sharedMemBytes, hStream, kernelParams));
 
 /* ---------- stream capture and graphs ---------- */
 
@@ -1439,17 +1414,14 @@ static CUresult begin_capture(CUstream hStream, CUstreamCaptureMode mode) {
 SIM_API CUresult CUDAAPI cuStreamBeginCapture(CUstream hStream) {
     return begin_capture(hStream, CU_STREAM_CAPTURE_MODE_GLOBAL);
 }
-SIM_API CUresult CUDAAPI cuStreamBeginCapture_ptsz(CUstream hStream) {
-    return begin_capture(hStream, CU_STREAM_CAPTURE_MODE_GLOBAL);
-}
+SIM_TWIN(cuStreamBeginCapture_ptsz, cuStreamBeginCapture, (CUstream hStream), (hStream));
 SIM_API CUresult CUDAAPI cuStreamBeginCapture_v2(CUstream hStream, CUstreamCaptureMode mode) {
     return begin_capture(hStream, mode);
 }
-SIM_API CUresult CUDAAPI cuStreamBeginCapture_v2_ptsz(CUstream hStream, CUstreamCaptureMode mode) {
-    return begin_capture(hStream, mode);
-}
+SIM_TWIN(cuStreamBeginCapture_v2_ptsz, cuStreamBeginCapture_v2,
+         (CUstream hStream, CUstreamCaptureMode mode), (hStream, mode));
 
-static CUresult end_capture(CUstream hStream, CUgraph *phGraph) {
+SIM_API CUresult CUDAAPI cuStreamEndCapture(CUstream hStream, CUgraph *phGraph) {
     struct sim_stream *s;
     CUresult r = drv_stream(hStream, &s);
     if (r)
@@ -1467,10 +1439,7 @@ static CUresult end_capture(CUstream hStream, CUgraph *phGraph) {
     }
     return CUDA_SUCCESS;
 }
-SIM_API CUresult CUDAAPI cuStreamEndCapture(CUstream hStream, CUgraph *phGraph) { return end_capture(hStream, phGraph); }
-SIM_API CUresult CUDAAPI cuStreamEndCapture_ptsz(CUstream hStream, CUgraph *phGraph) {
-    return end_capture(hStream, phGraph);
-}
+SIM_TWIN(cuStreamEndCapture_ptsz, cuStreamEndCapture, (CUstream hStream, CUgraph *phGraph), (hStream, phGraph));
 
 static CUstreamCaptureStatus capture_status(const struct sim_stream *s) {
     if (!s->capture)
@@ -1478,31 +1447,22 @@ static CUstreamCaptureStatus capture_status(const struct sim_stream *s) {
     return s->capture_invalid ? CU_STREAM_CAPTURE_STATUS_INVALIDATED : CU_STREAM_CAPTURE_STATUS_ACTIVE;
 }
 
-static CUresult is_capturing(CUstream hStream, CUstreamCaptureStatus *status) {
+SIM_API CUresult CUDAAPI cuStreamIsCapturing(CUstream hStream, CUstreamCaptureStatus *status) {
     struct sim_stream *s;
-    CUresult r = drv_stream(hStream, &s);
-    if (r)
-        return r;
-    if (!status)
-        return CUDA_ERROR_INVALID_VALUE;
-    *status = capture_status(s);
-    return CUDA_SUCCESS;
+    CUresult r = stream_asked(hStream, status, &s);
+    if (!r)
+        *status = capture_status(s);
+    return r;
 }
-SIM_API CUresult CUDAAPI cuStreamIsCapturing(CUstream hStream, CUstreamCaptureStatus *captureStatus) {
-    return is_capturing(hStream, captureStatus);
-}
-SIM_API CUresult CUDAAPI cuStreamIsCapturing_ptsz(CUstream hStream, CUstreamCaptureStatus *captureStatus) {
-    return is_capturing(hStream, captureStatus);
-}
+SIM_TWIN(cuStreamIsCapturing_ptsz, cuStreamIsCapturing,
+         (CUstream hStream, CUstreamCaptureStatus *status), (hStream, status));
 
 static CUresult capture_info(CUstream hStream, CUstreamCaptureStatus *status, cuuint64_t *id, CUgraph *graph,
                              const CUgraphNode **deps, const CUgraphEdgeData **edges, size_t *ndeps) {
     struct sim_stream *s;
-    CUresult r = drv_stream(hStream, &s);
+    CUresult r = stream_asked(hStream, status, &s);
     if (r)
         return r;
-    if (!status)
-        return CUDA_ERROR_INVALID_VALUE;
     *status = capture_status(s);
     if (id && s->capture)
         *id = s->capture_id;
@@ -1520,21 +1480,18 @@ SIM_API CUresult CUDAAPI cuStreamGetCaptureInfo(CUstream hStream, CUstreamCaptur
                                                 cuuint64_t *id_out) {
     return capture_info(hStream, captureStatus_out, id_out, NULL, NULL, NULL, NULL);
 }
-SIM_API CUresult CUDAAPI cuStreamGetCaptureInfo_ptsz(CUstream hStream, CUstreamCaptureStatus *captureStatus_out,
-                                                     cuuint64_t *id_out) {
-    return capture_info(hStream, captureStatus_out, id_out, NULL, NULL, NULL, NULL);
-}
+SIM_TWIN(cuStreamGetCaptureInfo_ptsz, cuStreamGetCaptureInfo,
+         (CUstream hStream, CUstreamCaptureStatus *captureStatus_out, cuuint64_t *id_out),
+         (hStream, captureStatus_out, id_out));
 SIM_API CUresult CUDAAPI cuStreamGetCaptureInfo_v2(CUstream hStream, CUstreamCaptureStatus *captureStatus_out,
                                                    cuuint64_t *id_out, CUgraph *graph_out,
                                                    const CUgraphNode **dependencies_out, size_t *numDependencies_out) {
     return capture_info(hStream, captureStatus_out, id_out, graph_out, dependencies_out, NULL, numDependencies_out);
 }
-SIM_API CUresult CUDAAPI cuStreamGetCaptureInfo_v2_ptsz(CUstream hStream, CUstreamCaptureStatus *captureStatus_out,
-                                                        cuuint64_t *id_out, CUgraph *graph_out,
-                                                        const CUgraphNode **dependencies_out,
-                                                        size_t *numDependencies_out) {
-    return capture_info(hStream, captureStatus_out, id_out, graph_out, dependencies_out, NULL, numDependencies_out);
-}
+SIM_TWIN(cuStreamGetCaptureInfo_v2_ptsz, cuStreamGetCaptureInfo_v2,
+         (CUstream hStream, CUstreamCaptureStatus *captureStatus_out, cuuint64_t *id_out, CUgraph *graph_out,
+          const CUgraphNode **dependencies_out, size_t *numDependencies_out),
+         (hStream, captureStatus_out, id_out, graph_out, dependencies_out, numDependencies_out));
 SIM_API CUresult CUDAAPI cuStreamGetCaptureInfo_v3(CUstream hStream, CUstreamCaptureStatus *captureStatus_out,
                                                    cuuint64_t *id_out, CUgraph *graph_out,
                                                    const CUgraphNode **dependencies_out,
@@ -1542,14 +1499,10 @@ SIM_API CUresult CUDAAPI cuStreamGetCaptureInfo_v3(CUstream hStream, CUstreamCap
     return capture_info(hStream, captureStatus_out, id_out, graph_out, dependencies_out, edgeData_out,
                         numDependencies_out);
 }
-SIM_API CUresult CUDAAPI cuStreamGetCaptureInfo_v3_ptsz(CUstream hStream, CUstreamCaptureStatus *captureStatus_out,
-                                                        cuuint64_t *id_out, CUgraph *graph_out,
-                                                        const CUgraphNode **dependencies_out,
-                                                        const CUgraphEdgeData **edgeData_out,
-                                                        size_t *numDependencies_out) {
-    return capture_info(hStream, captureStatus_out, id_out, graph_out, dependencies_out, edgeData_out,
-                        numDependencies_out);
-}
+SIM_TWIN(cuStreamGetCaptureInfo_v3_ptsz, cuStreamGetCaptureInfo_v3,
+         (CUstream hStream, CUstreamCaptureStatus *captureStatus_out, cuuint64_t *id_out, CUgraph *graph_out,
+          const CUgraphNode **dependencies_out, const CUgraphEdgeData **edgeData_out, size_t *numDependencies_out),
+         (hStream, captureStatus_out, id_out, graph_out, dependencies_out, edgeData_out, numDependencies_out));
 
 SIM_API CUresult CUDAAPI cuGraphCreate(CUgraph *phGraph, unsigned int flags) {
     CHECK_INIT();
@@ -1679,10 +1632,9 @@ SIM_API CUresult CUDAAPI cuGraphInstantiateWithParams(CUgraphExec *phGraphExec, 
     }
     return r;
 }
-SIM_API CUresult CUDAAPI cuGraphInstantiateWithParams_ptsz(CUgraphExec *phGraphExec, CUgraph hGraph,
-                                                           CUDA_GRAPH_INSTANTIATE_PARAMS *instantiateParams) {
-    return cuGraphInstantiateWithParams(phGraphExec, hGraph, instantiateParams);
-}
+SIM_TWIN(cuGraphInstantiateWithParams_ptsz, cuGraphInstantiateWithParams,
+         (CUgraphExec *phGraphExec, CUgraph hGraph, CUDA_GRAPH_INSTANTIATE_PARAMS *instantiateParams),
+         (phGraphExec, hGraph, instantiateParams));
 
 SIM_API CUresult CUDAAPI cuGraphExecDestroy(CUgraphExec hGraphExec) {
     CHECK_INIT();
@@ -1716,9 +1668,7 @@ static CUresult graph_launch(CUgraphExec hGraphExec, CUstream hStream) {
 SIM_API CUresult CUDAAPI cuGraphLaunch(CUgraphExec hGraphExec, CUstream hStream) {
     return graph_launch(hGraphExec, hStream);
 }
-SIM_API CUresult CUDAAPI cuGraphLaunch_ptsz(CUgraphExec hGraphExec, CUstream hStream) {
-    return graph_launch(hGraphExec, hStream);
-}
+SIM_TWIN(cuGraphLaunch_ptsz, cuGraphLaunch, (CUgraphExec hGraphExec, CUstream hStream), (hGraphExec, hStream));
 
 static struct sim_gnode *node_of(CUgraphNode h) {
     struct sim_gnode *n = (struct sim_gnode *)h;

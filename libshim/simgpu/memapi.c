@@ -175,23 +175,20 @@ SIM_API CUresult CUDAAPI cuMemcpyHtoD_v2(CUdeviceptr dstDevice, const void *srcH
         return CUDA_ERROR_INVALID_VALUE;
     return copy_sync(NULL, dstDevice, srcHost, 0, ByteCount);
 }
-SIM_API CUresult CUDAAPI cuMemcpyHtoD_v2_ptds(CUdeviceptr dstDevice, const void *srcHost, size_t ByteCount) {
-    return cuMemcpyHtoD_v2(dstDevice, srcHost, ByteCount);
-}
+SIM_TWIN(cuMemcpyHtoD_v2_ptds, cuMemcpyHtoD_v2,
+         (CUdeviceptr dstDevice, const void *srcHost, size_t ByteCount), (dstDevice, srcHost, ByteCount));
 SIM_API CUresult CUDAAPI cuMemcpyDtoH_v2(void *dstHost, CUdeviceptr srcDevice, size_t ByteCount) {
     if (!dstHost)
         return CUDA_ERROR_INVALID_VALUE;
     return copy_sync(dstHost, 0, NULL, srcDevice, ByteCount);
 }
-SIM_API CUresult CUDAAPI cuMemcpyDtoH_v2_ptds(void *dstHost, CUdeviceptr srcDevice, size_t ByteCount) {
-    return cuMemcpyDtoH_v2(dstHost, srcDevice, ByteCount);
-}
+SIM_TWIN(cuMemcpyDtoH_v2_ptds, cuMemcpyDtoH_v2,
+         (void *dstHost, CUdeviceptr srcDevice, size_t ByteCount), (dstHost, srcDevice, ByteCount));
 SIM_API CUresult CUDAAPI cuMemcpyDtoD_v2(CUdeviceptr dstDevice, CUdeviceptr srcDevice, size_t ByteCount) {
     return copy_sync(NULL, dstDevice, NULL, srcDevice, ByteCount);
 }
-SIM_API CUresult CUDAAPI cuMemcpyDtoD_v2_ptds(CUdeviceptr dstDevice, CUdeviceptr srcDevice, size_t ByteCount) {
-    return cuMemcpyDtoD_v2(dstDevice, srcDevice, ByteCount);
-}
+SIM_TWIN(cuMemcpyDtoD_v2_ptds, cuMemcpyDtoD_v2,
+         (CUdeviceptr dstDevice, CUdeviceptr srcDevice, size_t ByteCount), (dstDevice, srcDevice, ByteCount));
 
 SIM_API CUresult CUDAAPI cuMemcpyHtoDAsync_v2(CUdeviceptr dstDevice, const void *srcHost, size_t ByteCount,
                                               CUstream hStream) {
@@ -199,28 +196,25 @@ SIM_API CUresult CUDAAPI cuMemcpyHtoDAsync_v2(CUdeviceptr dstDevice, const void 
         return CUDA_ERROR_INVALID_VALUE;
     return copy_on(hStream, NULL, dstDevice, srcHost, 0, ByteCount);
 }
-SIM_API CUresult CUDAAPI cuMemcpyHtoDAsync_v2_ptsz(CUdeviceptr dstDevice, const void *srcHost, size_t ByteCount,
-                                                   CUstream hStream) {
-    return cuMemcpyHtoDAsync_v2(dstDevice, srcHost, ByteCount, hStream);
-}
+SIM_TWIN(cuMemcpyHtoDAsync_v2_ptsz, cuMemcpyHtoDAsync_v2,
+         (CUdeviceptr dstDevice, const void *srcHost, size_t ByteCount, CUstream hStream),
+         (dstDevice, srcHost, ByteCount, hStream));
 SIM_API CUresult CUDAAPI cuMemcpyDtoHAsync_v2(void *dstHost, CUdeviceptr srcDevice, size_t ByteCount,
                                               CUstream hStream) {
     if (!dstHost)
         return CUDA_ERROR_INVALID_VALUE;
     return copy_on(hStream, dstHost, 0, NULL, srcDevice, ByteCount);
 }
-SIM_API CUresult CUDAAPI cuMemcpyDtoHAsync_v2_ptsz(void *dstHost, CUdeviceptr srcDevice, size_t ByteCount,
-                                                   CUstream hStream) {
-    return cuMemcpyDtoHAsync_v2(dstHost, srcDevice, ByteCount, hStream);
-}
+SIM_TWIN(cuMemcpyDtoHAsync_v2_ptsz, cuMemcpyDtoHAsync_v2,
+         (void *dstHost, CUdeviceptr srcDevice, size_t ByteCount, CUstream hStream),
+         (dstHost, srcDevice, ByteCount, hStream));
 SIM_API CUresult CUDAAPI cuMemcpyDtoDAsync_v2(CUdeviceptr dstDevice, CUdeviceptr srcDevice, size_t ByteCount,
                                               CUstream hStream) {
     return copy_on(hStream, NULL, dstDevice, NULL, srcDevice, ByteCount);
 }
-SIM_API CUresult CUDAAPI cuMemcpyDtoDAsync_v2_ptsz(CUdeviceptr dstDevice, CUdeviceptr srcDevice, size_t ByteCount,
-                                                   CUstream hStream) {
-    return cuMemcpyDtoDAsync_v2(dstDevice, srcDevice, ByteCount, hStream);
-}
+SIM_TWIN(cuMemcpyDtoDAsync_v2_ptsz, cuMemcpyDtoDAsync_v2,
+         (CUdeviceptr dstDevice, CUdeviceptr srcDevice, size_t ByteCount, CUstream hStream),
+         (dstDevice, srcDevice, ByteCount, hStream));
 
 /* Unified addressing: either side may be host memory. */
 static CUresult copy_any(CUdeviceptr dst, CUdeviceptr src, size_t n, CUstream hStream) {
@@ -232,15 +226,12 @@ static CUresult copy_any(CUdeviceptr dst, CUdeviceptr src, size_t n, CUstream hS
 SIM_API CUresult CUDAAPI cuMemcpy(CUdeviceptr dst, CUdeviceptr src, size_t ByteCount) {
     return copy_any(dst, src, ByteCount, NULL);
 }
-SIM_API CUresult CUDAAPI cuMemcpy_ptds(CUdeviceptr dst, CUdeviceptr src, size_t ByteCount) {
-    return copy_any(dst, src, ByteCount, NULL);
-}
+SIM_TWIN(cuMemcpy_ptds, cuMemcpy, (CUdeviceptr dst, CUdeviceptr src, size_t ByteCount), (dst, src, ByteCount));
 SIM_API CUresult CUDAAPI cuMemcpyAsync(CUdeviceptr dst, CUdeviceptr src, size_t ByteCount, CUstream hStream) {
     return copy_any(dst, src, ByteCount, hStream);
 }
-SIM_API CUresult CUDAAPI cuMemcpyAsync_ptsz(CUdeviceptr dst, CUdeviceptr src, size_t ByteCount, CUstream hStream) {
-    return copy_any(dst, src, ByteCount, hStream);
-}
+SIM_TWIN(cuMemcpyAsync_ptsz, cuMemcpyAsync,
+         (CUdeviceptr dst, CUdeviceptr src, size_t ByteCount, CUstream hStream), (dst, src, ByteCount, hStream));
 
 static CUresult set_on(CUstream hStream, CUdeviceptr p, unsigned v, size_t elem, size_t n) {
     struct sim_stream *s;
@@ -257,33 +248,25 @@ static CUresult set_on(CUstream hStream, CUdeviceptr p, unsigned v, size_t elem,
 SIM_API CUresult CUDAAPI cuMemsetD8_v2(CUdeviceptr dstDevice, unsigned char uc, size_t N) {
     return set_on(NULL, dstDevice, uc, 1, N);
 }
-SIM_API CUresult CUDAAPI cuMemsetD8_v2_ptds(CUdeviceptr dstDevice, unsigned char uc, size_t N) {
-    return set_on(NULL, dstDevice, uc, 1, N);
-}
+SIM_TWIN(cuMemsetD8_v2_ptds, cuMemsetD8_v2, (CUdeviceptr dstDevice, unsigned char uc, size_t N), (dstDevice, uc, N));
 SIM_API CUresult CUDAAPI cuMemsetD16_v2(CUdeviceptr dstDevice, unsigned short us, size_t N) {
     return set_on(NULL, dstDevice, us, 2, N);
 }
-SIM_API CUresult CUDAAPI cuMemsetD16_v2_ptds(CUdeviceptr dstDevice, unsigned short us, size_t N) {
-    return set_on(NULL, dstDevice, us, 2, N);
-}
+SIM_TWIN(cuMemsetD16_v2_ptds, cuMemsetD16_v2, (CUdeviceptr dstDevice, unsigned short us, size_t N), (dstDevice, us, N));
 SIM_API CUresult CUDAAPI cuMemsetD32_v2(CUdeviceptr dstDevice, unsigned int ui, size_t N) {
     return set_on(NULL, dstDevice, ui, 4, N);
 }
-SIM_API CUresult CUDAAPI cuMemsetD32_v2_ptds(CUdeviceptr dstDevice, unsigned int ui, size_t N) {
-    return set_on(NULL, dstDevice, ui, 4, N);
-}
+SIM_TWIN(cuMemsetD32_v2_ptds, cuMemsetD32_v2, (CUdeviceptr dstDevice, unsigned int ui, size_t N), (dstDevice, ui, N));
 SIM_API CUresult CUDAAPI cuMemsetD8Async(CUdeviceptr dstDevice, unsigned char uc, size_t N, CUstream hStream) {
     return set_on(hStream, dstDevice, uc, 1, N);
 }
-SIM_API CUresult CUDAAPI cuMemsetD8Async_ptsz(CUdeviceptr dstDevice, unsigned char uc, size_t N, CUstream hStream) {
-    return set_on(hStream, dstDevice, uc, 1, N);
-}
+SIM_TWIN(cuMemsetD8Async_ptsz, cuMemsetD8Async,
+         (CUdeviceptr dstDevice, unsigned char uc, size_t N, CUstream hStream), (dstDevice, uc, N, hStream));
 SIM_API CUresult CUDAAPI cuMemsetD32Async(CUdeviceptr dstDevice, unsigned int ui, size_t N, CUstream hStream) {
     return set_on(hStream, dstDevice, ui, 4, N);
 }
-SIM_API CUresult CUDAAPI cuMemsetD32Async_ptsz(CUdeviceptr dstDevice, unsigned int ui, size_t N, CUstream hStream) {
-    return set_on(hStream, dstDevice, ui, 4, N);
-}
+SIM_TWIN(cuMemsetD32Async_ptsz, cuMemsetD32Async,
+         (CUdeviceptr dstDevice, unsigned int ui, size_t N, CUstream hStream), (dstDevice, ui, N, hStream));
 
 /* ---------- advice and prefetch ---------- */
 
@@ -331,20 +314,16 @@ static CUresult prefetch(CUdeviceptr p, size_t n, CUmemLocation loc, CUstream hS
 SIM_API CUresult CUDAAPI cuMemPrefetchAsync(CUdeviceptr devPtr, size_t count, CUdevice dstDevice, CUstream hStream) {
     return prefetch(devPtr, count, location_of(dstDevice), hStream);
 }
-SIM_API CUresult CUDAAPI cuMemPrefetchAsync_ptsz(CUdeviceptr devPtr, size_t count, CUdevice dstDevice,
-                                                 CUstream hStream) {
-    return prefetch(devPtr, count, location_of(dstDevice), hStream);
-}
+SIM_TWIN(cuMemPrefetchAsync_ptsz, cuMemPrefetchAsync,
+         (CUdeviceptr devPtr, size_t count, CUdevice dstDevice, CUstream hStream), (devPtr, count, dstDevice, hStream));
 SIM_API CUresult CUDAAPI cuMemPrefetchAsync_v2(CUdeviceptr devPtr, size_t count, CUmemLocation location,
                                                unsigned int flags, CUstream hStream) {
     (void)flags;
     return prefetch(devPtr, count, location, hStream);
 }
-SIM_API CUresult CUDAAPI cuMemPrefetchAsync_v2_ptsz(CUdeviceptr devPtr, size_t count, CUmemLocation location,
-                                                    unsigned int flags, CUstream hStream) {
-    (void)flags;
-    return prefetch(devPtr, count, location, hStream);
-}
+SIM_TWIN(cuMemPrefetchAsync_v2_ptsz, cuMemPrefetchAsync_v2,
+         (CUdeviceptr devPtr, size_t count, CUmemLocation location, unsigned int flags, CUstream hStream),
+         (devPtr, count, location, flags, hStream));
 
 SIM_API CUresult CUDAAPI cuMemRangeGetAttribute(void *data, size_t dataSize, CUmem_range_attribute attribute,
                                                 CUdeviceptr devPtr, size_t count) {
@@ -516,19 +495,16 @@ static CUresult alloc_async(CUdeviceptr *dptr, size_t bytesize, CUstream hStream
 SIM_API CUresult CUDAAPI cuMemAllocAsync(CUdeviceptr *dptr, size_t bytesize, CUstream hStream) {
     return alloc_async(dptr, bytesize, hStream);
 }
-SIM_API CUresult CUDAAPI cuMemAllocAsync_ptsz(CUdeviceptr *dptr, size_t bytesize, CUstream hStream) {
-    return alloc_async(dptr, bytesize, hStream);
-}
+SIM_TWIN(cuMemAllocAsync_ptsz, cuMemAllocAsync,
+         (CUdeviceptr *dptr, size_t bytesize, CUstream hStream), (dptr, bytesize, hStream));
 SIM_API CUresult CUDAAPI cuMemAllocFromPoolAsync(CUdeviceptr *dptr, size_t bytesize, CUmemoryPool pool,
                                                  CUstream hStream) {
     if (!pool_of(pool))
         return CUDA_ERROR_INVALID_VALUE;
     return alloc_async(dptr, bytesize, hStream);
 }
-SIM_API CUresult CUDAAPI cuMemAllocFromPoolAsync_ptsz(CUdeviceptr *dptr, size_t bytesize, CUmemoryPool pool,
-                                                      CUstream hStream) {
-    return cuMemAllocFromPoolAsync(dptr, bytesize, pool, hStream);
-}
+SIM_TWIN(cuMemAllocFromPoolAsync_ptsz, cuMemAllocFromPoolAsync,
+         (CUdeviceptr *dptr, size_t bytesize, CUmemoryPool pool, CUstream hStream), (dptr, bytesize, pool, hStream));
 
 static CUresult free_async(CUdeviceptr dptr, CUstream hStream) {
     struct sim_stream *s;
@@ -538,7 +514,7 @@ static CUresult free_async(CUdeviceptr dptr, CUstream hStream) {
     return mem_free(dptr); /* kernels' data effects are applied at launch, so freeing now is safe */
 }
 SIM_API CUresult CUDAAPI cuMemFreeAsync(CUdeviceptr dptr, CUstream hStream) { return free_async(dptr, hStream); }
-SIM_API CUresult CUDAAPI cuMemFreeAsync_ptsz(CUdeviceptr dptr, CUstream hStream) { return free_async(dptr, hStream); }
+SIM_TWIN(cuMemFreeAsync_ptsz, cuMemFreeAsync, (CUdeviceptr dptr, CUstream hStream), (dptr, hStream));
 
 /* ---------- virtual memory management ---------- */
 

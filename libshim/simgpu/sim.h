@@ -26,6 +26,12 @@
 #define SIM_API __attribute__((visibility("default")))
 #define SIM_WEAK __attribute__((weak, visibility("default")))
 #define SIM_HIDDEN __attribute__((visibility("hidden")))
+/* The per-thread default stream's twin of an entry point (NAME_ptsz, NAME_ptds: what a
+ * program built with --default-stream per-thread calls): simgpu has one default stream, so
+ * the twin calls the entry point. A function of its own, not an alias: the address
+ * cuGetProcAddress hands out says which of the two it was asked for. */
+#define SIM_TWIN(TWIN, NAME, PARAMS, ARGS) \
+    SIM_API CUresult CUDAAPI TWIN PARAMS { return NAME ARGS; }
 
 /* ---- constants of the shared state (documented in docs/simgpu.md) ---- */
 #define SIM_MAGIC 0x31305550474d4953ULL /* "SIMGPU01" */

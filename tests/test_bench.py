@@ -78,6 +78,26 @@ def test_results_are_written_before_plots_and_kept_without_matplotlib(tmp_path, 
     assert any("matplotlib is not installed" in s for s in said)
 
 
+def test_the_rig_benchmark_follows_the_controller_through_moving_loads_and_writes_its_tables(tmp_path, monkeypatch):
+    """`tgs bench rig --quick`: the controller alone, no GPU, beside work that costs
+    production up to 20 %; its JSON has every case and the Markdown the summary."""
+    monkeypatch.setattr(Outputs, "dir", property(lambda self: tmp_path / self.name))
+    from bench import rig
+    said: list[str] = []
+    result = rig.run(echo=said.append, quick=True, json_path=tmp_path / "rig.json")
+    written = json.loads((tmp_path / "rig.json").read_text())
+    assert {g: len(cs) for g, cs in written["cases"].items()} == {"falls": 18, "rises": 15, "waves": 12}
+    assert written["summary"] == result["summary"]
+    for group, s in result["summary"].items():
+        # the tolerance is 3 %: production keeps most of its solo progress whatever its load does,
+        # and opportunistic work gets a good part of what the tolerance allows
+        assert 0.93 <= s["production_mean"] <= 1.0, (group, s)
+        assert s["opportunistic_mean"] >= 0.3, (group, s)
+    md = (tmp_path / "rig" / "rig.md").read_text()
+    assert "| waves" in md and "worst 10 s window" in md
+    assert any("rig.json" in line for line in said)
+
+
 def test_the_suite_interrupts_a_benchmark_past_its_time_and_reports_failures(tmp_path):
     from bench.suite import run_step
 

@@ -10,63 +10,10 @@ import pytest
 
 from tgs_runtime.config import ControlConfig, Controller, Share
 from tgs_runtime.daemon import inflight, residency, stall
-from tgs_runtime.daemon.controllers import (UNLIMITED, Claimant, FastController, Mark, Overlap, PaperController,
+from tgs_runtime.daemon.controllers import (UNLIMITED, Claimant, FastController, Mark, PaperController,
                                             Sample, ShareState, Window, make_controller, split, take_turns)
 
-DT = 0.1
-
-
-class Rig:
-    """Production at `solo` blocks/s alone; opportunistic work costs production `harm`
-    blocks/s per opportunistic block/s it runs, up to `capacity` blocks/s, `lag_s` after
-    it runs (work queued before a cut still runs), and the fraction `queue_harm` of its
-    progress while it runs with more than one kernel in flight. An opportunistic job that
-    needs `queue_need` kernels in flight to keep the GPU busy (host work between its
-    launches) runs at bound / queue_need of its speed under a shallower bound (0: any bound
-    keeps it busy, and a deeper one gains it nothing)."""
-
-    def __init__(self, ctl, solo=50_000.0, harm=0.0, capacity=100_000.0, lag_s=0.0, queue_harm=0.0,
-                 overlap: float | None = None, deep_harm=0.0, beside=0.0, deep_slow=0.0, queue_need=0):
-        self.ctl, self.solo, self.harm, self.capacity, self.t = ctl, solo, harm, capacity, 0.0
-        self.queue_harm = queue_harm
-        self.deep_harm = deep_harm  # the fraction of its progress lost with more than four kernels in flight
-        self.deep_slow = deep_slow  # the fraction of opportunistic progress lost likewise
-        self.queue_need = queue_need
-        self.opportunistic_done = 0.0  # opportunistic blocks so far
-        # opportunistic shims that watch production (busy half the time) and see their work
-        # beside it for the part of its progress it lost, times `overlap` (None: no shim
-        # counts it, as before the counters)
-        self.overlap = overlap
-        self.beside = beside  # ... and, harm or not, this much of it beside production per second
-        self.budget = None
-        self.processes = frozenset({1})  # production's processes, as tgsd tells them
-        self.queued = collections.deque([capacity] * round(lag_s / DT))  # opportunistic work still to hurt
-        self.produced = 0.0  # production's blocks so far
-
-    def run(self, seconds, production=True, opportunistic=True):
-        for _ in range(round(seconds / DT)):
-            self.t += DT
-            rate = self.budget.rate if self.budget else UNLIMITED
-            opp = 0.0 if not opportunistic else min(self.capacity, float(rate))
-            self.queued.append(opp)
-            prod = max(0.0, self.solo - self.harm * self.queued.popleft()) if production else 0.0
-            if opp and self.budget and self.budget.inflight != 1:
-                prod *= 1 - self.queue_harm
-            if opp and self.budget and 0 < self.budget.inflight < self.queue_need:
-                opp *= self.budget.inflight / self.queue_need
-            if opp and self.budget and (self.budget.inflight > 4 or self.budget.inflight == 0):
-                prod *= 1 - self.deep_harm
-                opp *= 1 - self.deep_slow
-            self.opportunistic_done += opp * DT
-            self.produced += prod * DT
-            seen = Overlap()
-            if self.overlap is not None and production and opportunistic:
-                lost = 1 - prod / self.solo
-                seen = Overlap(0.5 * DT, 0.5 * DT, (self.overlap * lost + self.beside) * DT)
-            self.budget = self.ctl.step(Sample(self.t, DT, int(prod * DT), int(opp * DT), production, opportunistic,
-                                               production_processes=self.processes, overlap=seen))
-        return self.budget
-
+from bench.rig import DT, Rig
 
 def fast(**kw):
     return FastController(ControlConfig(**kw))

@@ -1,0 +1,175 @@
+"""`tgs bench rig`: tgsd's `fast` controller in a model of production and harm, where
+production's own load moves within one job (no idle moment, no process starting or ending
+to tell): it falls, rises or waves while opportunistic work harms it.
+
+The model (`Rig`, also the unit tests' rig): production makes `solo` blocks/s alone; each
+opportunistic block/s it runs costs production `harm` blocks/s, `lag` seconds later (work
+queued before a cut still runs), up to 100,000 blocks/s. From a settled start (production
+at 50,000 blocks/s alone, measured, opportunistic work beside it), its load moves and is
+followed for 120 s in 10 s windows: production against its true solo progress, and
+opportunistic work against what costs production exactly the tolerance ("allowed", at
+most the rig's 100,000). Falls of 10, 30 and 50 % over 0-60 s, rises of 10, 30 and 50 %
+over 0.1-30 s and waves of +-5-20 % with periods of 2-60 s, each at harm 0.01, 0.03 and
+0.1 (full rate costs production 2, 6 and 20 %) and lag 0, 0.3 and 0.6 s. Pure logic, no
+GPU and no processes: the same figures on any machine, for changes of the controller
+side by side with the code before."""
+from __future__ import annotations
+
+import collections
+import itertools
+import math
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Callable
+
+from bench.common import Echo, Outputs, machine, table
+from tgs_runtime.config import ControlConfig
+from tgs_runtime.daemon.controllers import UNLIMITED, FastController, Overlap, Sample
+
+DT = 0.1
+
+
+class Rig:
+    """Production at `solo` blocks/s alone; opportunistic work costs production `harm`
+    blocks/s per opportunistic block/s it runs, up to `capacity` blocks/s, `lag_s` after
+    it runs (work queued before a cut still runs), and the fraction `queue_harm` of its
+    progress while it runs with more than one kernel in flight. An opportunistic job that
+    needs `queue_need` kernels in flight to keep the GPU busy (host work between its
+    launches) runs at bound / queue_need of its speed under a shallower bound (0: any bound
+    keeps it busy, and a deeper one gains it nothing)."""
+
+    def __init__(self, ctl, solo=50_000.0, harm=0.0, capacity=100_000.0, lag_s=0.0, queue_harm=0.0,
+                 overlap: float | None = None, deep_harm=0.0, beside=0.0, deep_slow=0.0, queue_need=0):
+        self.ctl, self.solo, self.harm, self.capacity, self.t = ctl, solo, harm, capacity, 0.0
+        self.queue_harm = queue_harm
+        self.deep_harm = deep_harm  # the fraction of its progress lost with more than four kernels in flight
+        self.deep_slow = deep_slow  # the fraction of opportunistic progress lost likewise
+        self.queue_need = queue_need
+        self.opportunistic_done = 0.0  # opportunistic blocks so far
+        # opportunistic shims that watch production (busy half the time) and see their work
+        # beside it for the part of its progress it lost, times `overlap` (None: no shim
+        # counts it, as before the counters)
+        self.overlap = overlap
+        self.beside = beside  # ... and, harm or not, this much of it beside production per second
+        self.budget = None
+        self.processes = frozenset({1})  # production's processes, as tgsd tells them
+        self.queued = collections.deque([capacity] * round(lag_s / DT))  # opportunistic work still to hurt
+        self.produced = 0.0  # production's blocks so far
+
+    def run(self, seconds, production=True, opportunistic=True):
+        for _ in range(round(seconds / DT)):
+            self.t += DT
+            rate = self.budget.rate if self.budget else UNLIMITED
+            opp = 0.0 if not opportunistic else min(self.capacity, float(rate))
+            self.queued.append(opp)
+            prod = max(0.0, self.solo - self.harm * self.queued.popleft()) if production else 0.0
+            if opp and self.budget and self.budget.inflight != 1:
+                prod *= 1 - self.queue_harm
+            if opp and self.budget and 0 < self.budget.inflight < self.queue_need:
+                opp *= self.budget.inflight / self.queue_need
+            if opp and self.budget and (self.budget.inflight > 4 or self.budget.inflight == 0):
+                prod *= 1 - self.deep_harm
+                opp *= 1 - self.deep_slow
+            self.opportunistic_done += opp * DT
+            self.produced += prod * DT
+            seen = Overlap()
+            if self.overlap is not None and production and opportunistic:
+                lost = 1 - prod / self.solo
+                seen = Overlap(0.5 * DT, 0.5 * DT, (self.overlap * lost + self.beside) * DT)
+            self.budget = self.ctl.step(Sample(self.t, DT, int(prod * DT), int(opp * DT), production, opportunistic,
+                                               production_processes=self.processes, overlap=seen))
+        return self.budget
+
+
+SOLO = 50_000.0
+TOLERANCE = ControlConfig().tolerance
+WINDOW_S = 10.0
+RUN_S = 120.0
+HARMS = (0.01, 0.03, 0.1)
+LAGS = (0.0, 0.3, 0.6)
+Load = Callable[[float], float]  # production's solo progress at t s, a part of SOLO
+
+
+def ramp(change: float, seconds: float) -> Load:
+    return lambda t: 1 + change * (min(1.0, t / seconds) if seconds > 0 else 1.0)
+
+
+def wave(amplitude: float, period: float) -> Load:
+    return lambda t: 1 + amplitude * math.sin(2 * math.pi * t / period)
+
+
+GROUPS: dict[str, list[tuple[str, Load]]] = {
+    "falls": [(f"fall {c:.0%} over {s:g} s", ramp(-c, s)) for c in (0.1, 0.3, 0.5) for s in (0, 2, 5, 10, 30, 60)],
+    "rises": [(f"rise {c:.0%} over {s:g} s", ramp(c, s)) for c in (0.1, 0.3, 0.5) for s in (0.1, 2, 8, 16, 30)],
+    "waves": [(f"wave +-{a:.0%}, period {p:g} s", wave(a, p)) for a in (0.05, 0.1, 0.2) for p in (2, 6, 20, 60)],
+}
+
+
+@dataclass(frozen=True)
+class Case:
+    load: str
+    harm: float
+    lag_s: float
+    production_worst: float  # the worst 10 s window, against production's true solo progress
+    production_mean: float
+    opportunistic_mean: float  # against what costs production exactly the tolerance
+    opportunistic_worst: float
+
+
+def run_case(name: str, load: Load, harm: float, lag_s: float) -> Case:
+    r = Rig(FastController(ControlConfig(inflight_deepest=2)), solo=SOLO, lag_s=lag_s)
+    r.run(2, opportunistic=False)
+    r.run(50)
+    r.harm = harm
+    production, opportunistic = [], []
+    p0, o0, solo, allowed = r.produced, r.opportunistic_done, 0.0, 0.0
+    per_window = round(WINDOW_S / DT)
+    for i in range(round(RUN_S / DT)):
+        r.solo = SOLO * load((i + 1) * DT)
+        r.run(DT)
+        solo += r.solo * DT
+        allowed += min(r.capacity, TOLERANCE * r.solo / harm) * DT
+        if (i + 1) % per_window == 0:
+            production.append((r.produced - p0) / solo)
+            opportunistic.append((r.opportunistic_done - o0) / allowed)
+            p0, o0, solo, allowed = r.produced, r.opportunistic_done, 0.0, 0.0
+    mean = lambda xs: sum(xs) / len(xs)
+    return Case(name, harm, lag_s, round(min(production), 4), round(mean(production), 4),
+                round(mean(opportunistic), 3), round(min(opportunistic), 3))
+
+
+def summary(cases: list[Case]) -> dict:
+    n = len(cases)
+    return {"cases": n,
+            "production_mean": round(sum(c.production_mean for c in cases) / n, 4),
+            "cases_with_a_window_under_0.94": sum(c.production_worst < 0.94 for c in cases),
+            "cases_with_a_window_under_0.96": sum(c.production_worst < 0.96 for c in cases),
+            "opportunistic_mean": round(sum(c.opportunistic_mean for c in cases) / n, 3),
+            "cases_with_opportunistic_under_half_in_a_window": sum(c.opportunistic_worst < 0.5 for c in cases)}
+
+
+def run(echo: Echo = print, quick: bool = False, json_path: Path | None = None) -> dict:
+    harms, lags = ((0.1,), (0.0,)) if quick else (HARMS, LAGS)
+    groups: dict[str, list[Case]] = {}
+    for group, loads in GROUPS.items():
+        groups[group] = [run_case(name, load, harm, lag) for (name, load), harm, lag in
+                         itertools.product(loads, harms, lags)]
+        echo(f"  {group}: {summary(groups[group])}")
+    sums = {g: summary(cs) for g, cs in groups.items()}
+    result = {"benchmark": "rig", "simulated": True, "machine": machine("none (the controller alone)"),
+              "quick": quick, "harms": list(harms), "lags_s": list(lags), "summary": sums,
+              "cases": {g: [asdict(c) for c in cs] for g, cs in groups.items()}}
+    rows = [[g, s["cases"], f"{s['production_mean']:.4f}", s["cases_with_a_window_under_0.94"],
+             s["cases_with_a_window_under_0.96"], f"{s['opportunistic_mean']:.3f}",
+             s["cases_with_opportunistic_under_half_in_a_window"]] for g, s in sums.items()]
+    worst = sorted((c for cs in groups.values() for c in cs), key=lambda c: c.production_worst)[:10]
+    md = (f"### rig: the `fast` controller where production's own load moves (no GPU; "
+          f"{result['machine']['date']}, commit {result['machine']['commit']})\n\n"
+          + table(["loads", "cases", "production / solo", "a 10 s window < 0.94", "< 0.96",
+                   "opportunistic / allowed", "opportunistic < half in a window"], rows)
+          + "\n\nThe cases with the worst 10 s window of production:\n\n"
+          + table(["load", "harm", "lag s", "production: worst window", "mean", "opportunistic / allowed"],
+                  [[c.load, c.harm, c.lag_s, f"{c.production_worst:.3f}", f"{c.production_mean:.3f}",
+                    f"{c.opportunistic_mean:.2f}"] for c in worst]))
+    Outputs("rig", json_path).write(result, md, echo)
+    return result

@@ -116,11 +116,19 @@ class Case:
     opportunistic_worst: float
 
 
-def run_case(name: str, load: Load, harm: float, lag_s: float) -> Case:
+def settled(harm: float, lag_s: float = 0.0) -> Rig:
+    """A rig sharing with a settled bound (no deeper trials): production measured alone at
+    SOLO, opportunistic work beside it for 50 s without harm; from now on each opportunistic
+    block costs production `harm` blocks, `lag_s` late."""
     r = Rig(FastController(ControlConfig(inflight_deepest=2)), solo=SOLO, lag_s=lag_s)
     r.run(2, opportunistic=False)
     r.run(50)
     r.harm = harm
+    return r
+
+
+def run_case(name: str, load: Load, harm: float, lag_s: float) -> Case:
+    r = settled(harm, lag_s)
     production, opportunistic = [], []
     p0, o0, solo, allowed = r.produced, r.opportunistic_done, 0.0, 0.0
     per_window = round(WINDOW_S / DT)

@@ -13,7 +13,7 @@ from tgs_runtime.daemon import inflight, residency, stall
 from tgs_runtime.daemon.controllers import (UNLIMITED, Claimant, FastController, Mark, PaperController,
                                             Sample, ShareState, Window, make_controller, split, take_turns)
 
-from bench.rig import DT, Rig
+from bench.rig import DT, Rig, settled
 
 def fast(**kw):
     return FastController(ControlConfig(**kw))
@@ -307,11 +307,7 @@ def production_load_moves_within_one_job(seconds: float, change: float, harm: fl
     moves by `change` (-0.1: falls by a tenth) over `seconds`, with no idle moment and no
     process starting or ending, while opportunistic work costs production `harm` blocks per
     block (0.05 at the rig's full rate: 10 %)."""
-    r = Rig(fast(inflight_deepest=2), harm=0.0)
-    r.run(2, opportunistic=False)
-    r.run(50)
-    r.harm = harm
-    return load_moves(r, seconds, 50_000.0 * (1 + change))
+    return load_moves(settled(harm), seconds, 50_000.0 * (1 + change))
 
 
 def load_moves(r: Rig, seconds: float, to: float) -> Rig:

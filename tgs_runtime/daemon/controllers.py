@@ -333,8 +333,7 @@ class FastController:
         docs/results/history.md, dynamics)."""
         if not same_load:
             self.profiles = []
-            self.follow_sign = 0  # a new load
-            self.reprofile_after = self.cfg.reprofile_s
+            self._unfollow()  # a new load
             self.bound.restore()
             self.own_figure, self.overlap_trusted = None, True
             if self.turnover_at is not None and t - self.turnover_at >= self.TURNOVER_S - 1e-9:
@@ -344,6 +343,12 @@ class FastController:
         self.profile_from = t
         self.profiled_at = t
         self._change(t, f"{why}: profiling production alone", Phase.PROFILE)
+
+    def _unfollow(self) -> None:
+        """A load measured afresh (a new one, production alone, or none): nothing of an
+        earlier load is followed, and the periodic profile is reprofile_s away."""
+        self.follow_at, self.follow_sign = None, 0
+        self.reprofile_after = self.cfg.reprofile_s
 
     def _profiled(self, p: float) -> bool:
         """A profile knows production's solo progress only to about one of its iterations;
@@ -451,8 +456,8 @@ class FastController:
         p, o, covered = self.window.rates(since)
         self.progress = self.window.rates()[0]
         if not s.production:
-            self.turnover_at = self.follow_at = None
-            self.follow_sign = 0
+            self.turnover_at = None
+            self._unfollow()
             if self.phase != Phase.FREE:
                 self.solo, self.profiles = None, []
                 self._change(t, self.FREE_WHY, Phase.FREE, UNLIMITED)
@@ -485,8 +490,8 @@ class FastController:
         if self.phase == Phase.SOLO:
             if covered >= self.MIN_DATA_S:
                 self.solo = p
-                self.turnover_at = self.follow_at = None  # measured alone since the change
-                self.follow_sign = 0
+                self.turnover_at = None  # measured alone since the change
+                self._unfollow()
             if s.opportunistic:
                 if self.solo is None:
                     self._profile(t, "opportunistic work arrived")

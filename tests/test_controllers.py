@@ -774,6 +774,21 @@ def test_profiles_of_one_load_are_averaged_and_a_new_load_starts_afresh():
     assert abs(b.solo - 80_000) <= 400, f"after a load change: {b.solo:.0f}"
 
 
+def test_a_load_measured_alone_is_not_averaged_with_the_profiles_of_the_load_before():
+    """Opportunistic work leaves for a while, and production's load rises by 6 % while it
+    runs alone: measured alone, its figure is the new load's. The profiles of the load
+    before were kept, and the next periodic profile averaged its reading with them: the
+    figure 51,500 blocks/s for 53,000, then 52,000 a minute later, production at 0.947-0.969
+    of its solo progress all the while."""
+    r = settled(0.05)
+    r.run(5, opportunistic=False)
+    r.solo = 53_000.0
+    r.run(5, opportunistic=False)
+    assert abs(r.budget.solo - r.solo) < 1, "measured alone"
+    r.run(90)  # opportunistic work back: a periodic profile comes within the minute
+    assert abs(r.budget.solo - r.solo) <= 0.005 * r.solo, f"the solo figure is {r.budget.solo:.0f} for {r.solo:.0f}"
+
+
 def test_the_paper_controller_is_slow_and_stepwise():
     cfg = ControlConfig(controller=Controller.TGS_PAPER)
     assert isinstance(make_controller(cfg), PaperController)

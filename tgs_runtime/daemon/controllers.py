@@ -12,9 +12,10 @@ take turns at it (`take_turns`). Pure logic: no clocks, no I/O.
   or from a short profile (opportunistic paused, <= 1 s). Progress is timed from iteration
   start to iteration start where the shim marks them (see `Window`), else counted, which
   knows S only to about one iteration; the periodic profiles of one run of production are
-  averaged (the last 8, while they agree within 10 %; a load change, an idle spell or an
-  accepted fall starts afresh), but for one above S by more than the tolerance: a rise of
-  production's own that the harm it takes hides from P, followed as below. Opportunistic
+  averaged (the last 8, while they agree within 10 %; a load change, an idle spell, an
+  accepted fall or production measured alone starts afresh), but for one above S by more
+  than the tolerance: a rise of production's own that the harm it takes hides from P,
+  followed as below. Opportunistic
   work starts unthrottled (the shims' gating already keeps it out of production's way);
   when production's progress P falls below (1 - tolerance) * S, the rate is cut
   multiplicatively (by 30 %, deeper after a deeper fall:
@@ -489,7 +490,10 @@ class FastController:
             return self._budget()
         if self.phase == Phase.SOLO:
             if covered >= self.MIN_DATA_S:
-                self.solo = p
+                # measured alone: the figure; profiles of the load before are not averaged
+                # with later ones (they pulled the figure back towards a load production no
+                # longer ran at the next periodic profile)
+                self.solo, self.profiles = p, []
                 self.turnover_at = None  # measured alone since the change
                 self._unfollow()
             if s.opportunistic:

@@ -633,22 +633,38 @@ def test_a_job_with_host_work_between_launches_gets_the_idle_time_once_the_bound
     """100 us kernels with 3 ms of host work mid-iteration beside production at 50 % duty:
     under a bound of two the GPU runs dry during the host work (about 0.8 of the idle
     time to the job); production holding, the bound deepens to eight within about 12 s
-    and the job keeps the GPU busy through it (about 0.98), production untouched."""
+    and the job keeps the GPU busy through it (about 0.98), production untouched.
+
+    The jobs outlast the wait, and the engine is measured over 3 s under the bound of
+    eight throughout: a trial that reads as harm or gains too little (one from two to four
+    gained 3.4-7.5 % here, against the 3 % it needs) puts the bound back for 10-30 s before
+    it deepens again. With a 16 s wait and 20 s jobs the test failed 3 times in clean-clone
+    CI: the bound at two, then at one, by 16 s; and the job at 0.429 of the engine, likely
+    a window that the jobs' end cut short."""
     d = tgsd()
     prod, opp = d.register("production"), d.register("opportunistic")
-    host = Workload(kernel_us=100, kernels=100, host_us=3000, seconds=20, report_s=0.5)
-    p = simgpu.workload(Workload.with_duty(0.5, period_ms=20, kernels=10, seconds=20, report_s=0.5), "prod",
+    host = Workload(kernel_us=100, kernels=100, host_us=3000, seconds=90, report_s=0.5)
+    p = simgpu.workload(Workload.with_duty(0.5, period_ms=20, kernels=10, seconds=90, report_s=0.5), "prod",
                         prod.env(libshim.shim))
     o = simgpu.workload(host, "opp", opp.env(libshim.shim))
     simgpu.wait_for_contexts(["prod", "opp"])
-    deadline = time.monotonic() + 16
-    while d.status()["gpus"][0]["controller"]["inflight_max"] != 8 and time.monotonic() < deadline:
-        time.sleep(0.25)
-    bound = d.status()["gpus"][0]["controller"]["inflight_max"]
-    shared = busy(simgpu, ["prod", "opp"], 3)
-    p.wait()
-    o.wait()
-    assert bound == 8, f"the in-flight bound stayed at {bound}"
+
+    def bound() -> int:
+        return d.status()["gpus"][0]["controller"]["inflight_max"]
+
+    deadline, shared, seen = time.monotonic() + 60, None, set()
+    while shared is None and time.monotonic() < deadline:
+        now = bound()
+        seen.add(now)
+        if now != 8:
+            time.sleep(0.25)
+            continue
+        window = busy(simgpu, ["prod", "opp"], 3)
+        if bound() == 8:
+            shared = window
+    p.kill()
+    o.kill()
+    assert shared is not None, f"no 3 s under an in-flight bound of eight in 60 s (bounds seen: {sorted(seen)})"
     assert shared["prod"] / 3 >= 0.45, f"production kept the engine {shared['prod'] / 3:.3f} of the time"
     # 0.485 here; about 0.40 with the bound held at two
     assert shared["opp"] / 3 >= 0.44, f"the job got {shared['opp'] / 3:.3f} of the engine; idle was 0.5"

@@ -83,6 +83,23 @@ static inline double tgs_grid_ratio(uint64_t a, uint64_t b) {
     return a > b ? (double)a / (double)(b ? b : 1) : (double)b / (double)(a ? a : 1);
 }
 
+/* The place of `n` (0: empty) whose grid size lies nearest `blocks` by ratio, the first
+ * of equals (n: all empty), and that ratio in *ratio. */
+static inline unsigned tgs_fn_closest(const uint64_t *b, unsigned n, uint64_t blocks, double *ratio) {
+    unsigned best = n;
+    *ratio = 0;
+    for (unsigned i = 0; i < n; i++) {
+        if (!b[i])
+            continue;
+        double r = tgs_grid_ratio(b[i], blocks);
+        if (best == n || r < *ratio) {
+            best = i;
+            *ratio = r;
+        }
+    }
+    return best;
+}
+
 /* The place of `n` (grid sizes `b`, 0: empty; they fill in order) a reading on `blocks`
  * goes in: that grid size's own, else an empty one, else the place of the grid size
  * nearest it (by ratio) if no two places lie nearer each other than that, else the place
@@ -95,14 +112,10 @@ static inline unsigned tgs_fn_place(const uint64_t *b, unsigned n, uint64_t bloc
     for (unsigned i = 0; i < n; i++)
         if (b[i] == blocks || !b[i])
             return i;
-    unsigned nearest = 0, p = 0, q = 0;
-    double nearest_ratio = 0, pair_ratio = 0;
+    double nearest_ratio;
+    unsigned nearest = tgs_fn_closest(b, n, blocks, &nearest_ratio), p = 0, q = 0;
+    double pair_ratio = 0;
     for (unsigned i = 0; i < n; i++) {
-        double r = tgs_grid_ratio(b[i], blocks);
-        if (!nearest_ratio || r < nearest_ratio) {
-            nearest = i;
-            nearest_ratio = r;
-        }
         for (unsigned j = i + 1; j < n; j++) {
             double rp = tgs_grid_ratio(b[i], b[j]);
             if (!pair_ratio || rp < pair_ratio) {
@@ -120,18 +133,9 @@ static inline unsigned tgs_fn_place(const uint64_t *b, unsigned n, uint64_t bloc
 /* The place of `n` (0: empty) whose length a kernel on `blocks` is taken to run: the grid
  * size nearest it (by ratio), if within TGS_FN_NEAR_RATIO; else n. */
 static inline unsigned tgs_fn_nearest(const uint64_t *b, unsigned n, uint64_t blocks) {
-    unsigned best = n;
-    double best_ratio = 0;
-    for (unsigned i = 0; i < n; i++) {
-        if (!b[i])
-            continue;
-        double r = tgs_grid_ratio(b[i], blocks);
-        if (best == n || r < best_ratio) {
-            best = i;
-            best_ratio = r;
-        }
-    }
-    return best < n && best_ratio <= TGS_FN_NEAR_RATIO ? best : n;
+    double r;
+    unsigned at = tgs_fn_closest(b, n, blocks, &r);
+    return at < n && r <= TGS_FN_NEAR_RATIO ? at : n;
 }
 
 #endif

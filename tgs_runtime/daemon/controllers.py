@@ -323,7 +323,8 @@ class FastController:
         return Budget(rate, inflight, self.phase != Phase.FREE, self.phase.value, self.solo, self.progress,
                       self.window.overlap().per_s, self.why)
 
-    def _profile(self, t: float, why: str, same_load: bool = False, purpose: Purpose = Purpose.MEASURE) -> None:
+    def _profile(self, t: float, why: str, same_load: bool = False, purpose: Purpose = Purpose.MEASURE,
+                 way: int = 0) -> None:
         """Pauses opportunistic work to measure production alone. Only a profile of the same
         load (`same_load`: the periodic one, a check, a follow-up) keeps the earlier ones to
         average with: any other comes after a change (a new pair, a return from idle, a load
@@ -331,7 +332,8 @@ class FastController:
         no rate limit: a bound of one, taken against the last load's harm, costs
         opportunistic work the moments between one of its kernels ending and the next being
         launched (a fifth of the idle time beside 75 % duty on simgpu,
-        docs/results/history.md, dynamics)."""
+        docs/results/history.md, dynamics). A FOLLOW profile of a load that just moved
+        gives the way it moved (`way`: 1 up, -1 down), which `_followed` follows."""
         if not same_load:
             self.profiles = []
             self._unfollow()  # a new load
@@ -340,6 +342,8 @@ class FastController:
             if self.turnover_at is not None and t - self.turnover_at >= self.TURNOVER_S - 1e-9:
                 self.turnover_at = None  # the load after a turnover is measured now (sooner: its start)
         self.purpose = purpose
+        if way:
+            self.follow_sign = way
         self.follow_at = None  # this profile measures the load now
         self.profile_from = t
         self.profiled_at = t
@@ -633,8 +637,8 @@ class FastController:
             if self.cuts >= 2 and p <= self.violation_p * (1 + tol / 2):
                 # what was tried did not help: it is production's own progress that changed
                 if t - self.profiled_at > self.ACCEPT_AFTER_PROFILE_S:
-                    self._profile(t, f"two cuts brought nothing back ({self._of_solo(p)})", purpose=Purpose.FOLLOW)
-                    self.follow_sign = -1  # followed down: production fell
+                    self._profile(t, f"two cuts brought nothing back ({self._of_solo(p)})", purpose=Purpose.FOLLOW,
+                                  way=-1)
                 else:  # just measured: take what production does now as its solo progress
                     # and undo what was tried, the in-flight bound with the rate (on an H100,
                     # every start of a PyTorch production job, whose warm-up its first profile

@@ -391,6 +391,22 @@ def test_a_rise_of_production_s_own_that_the_harm_it_takes_hides_is_found_by_the
     assert prod >= 0.95 * r.solo, f"production at {prod / r.solo:.3f} of its solo progress"
 
 
+def test_a_rise_that_goes_on_through_the_profile_it_set_off_is_followed():
+    """Production's own load rises by half over 8 s beside work costing it up to 20 %. Its
+    progress beside that work passes the figure by a tenth 5 s in, and the profile that
+    sets off measures a load still rising: taken as the new load, its figure held for the
+    periodic profile a minute later, 65,465 blocks/s for 75,000 at the end, with production
+    at 0.867 of its solo progress from 25 s to 60 s (the rise behind the figure hidden by
+    the harm it took). A rise seen beside work is followed as a moving load is."""
+    r = production_load_moves_within_one_job(8, 0.5, 0.1)  # full rate costs production 20 %
+    r.run(17)
+    assert r.budget.solo >= 0.97 * r.solo, f"the solo figure is {r.budget.solo:.0f} for {r.solo:.0f}"
+    before = r.produced
+    r.run(35)
+    prod = (r.produced - before) / 35
+    assert prod >= 0.95 * r.solo, f"production at {prod / r.solo:.3f} of its solo progress"
+
+
 def test_a_load_that_falls_and_comes_back_within_one_job_is_measured_again_within_seconds():
     """Production's own load falls by a tenth over 8 s and comes back over the next 8 (a
     slow stretch of one job, with no idle moment). Its figure was followed down, and the

@@ -584,6 +584,10 @@ class FastController:
         # figure, with no profile (two production jobs' bursts drawing apart, in the
         # dynamics benchmark's pair phase, paused opportunistic work for a second each
         # time, and a pause near the phase's end missed its 5 s); else it is measured alone
+        # and followed up, as a load that moved (a rise may go on through the profile it set
+        # off: in the controller rig, that profile's figure held for a minute, with the rest
+        # of a rise of half hidden behind the harm it took and production at 0.867 of its
+        # solo progress)
         if p > solo * (1 + self.LOAD_CHANGE):
             self.drift_since = self.drift_since if self.drift_since is not None else t
             if t - self.drift_since >= 0.5:
@@ -597,7 +601,8 @@ class FastController:
                                  f"opportunistic work beside it: its own load, solo figure {self.solo:,.0f}")
                     return self._budget()
                 self.solo = p  # at least this much, until the profile says exactly
-                self._profile(t, f"production above its solo figure by {self.LOAD_CHANGE:.0%} for 0.5 s; {not_own}")
+                self._profile(t, f"production above its solo figure by {self.LOAD_CHANGE:.0%} for 0.5 s; {not_own}",
+                              purpose=Purpose.FOLLOW, way=1)
                 return self._budget()
         else:
             self.drift_since = None

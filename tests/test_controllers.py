@@ -347,6 +347,13 @@ def opportunistic_over(r: Rig, seconds: float) -> float:
     return (r.opportunistic_done - before) / seconds
 
 
+def production_over(r: Rig, seconds: float) -> float:
+    """Production's blocks/s over the next `seconds`."""
+    before = r.produced
+    r.run(seconds)
+    return (r.produced - before) / seconds
+
+
 def test_a_figure_taken_while_production_s_load_still_falls_is_measured_again():
     """The check behind a lasting violation profiles production while its load is still
     falling: the figure it sets is one production no longer reaches once the fall ends
@@ -385,9 +392,7 @@ def test_a_rise_of_production_s_own_that_the_harm_it_takes_hides_is_found_by_the
     r = production_load_moves_within_one_job(30, 0.08, 0.05)  # full rate costs production 10 %
     r.run(10)
     assert r.budget.solo >= 0.985 * r.solo, f"the solo figure is {r.budget.solo:.0f} for {r.solo:.0f}"
-    before = r.produced
-    r.run(30)
-    prod = (r.produced - before) / 30
+    prod = production_over(r, 30)
     assert prod >= 0.95 * r.solo, f"production at {prod / r.solo:.3f} of its solo progress"
 
 
@@ -401,9 +406,7 @@ def test_a_rise_that_goes_on_through_the_profile_it_set_off_is_followed():
     r = production_load_moves_within_one_job(8, 0.5, 0.1)  # full rate costs production 20 %
     r.run(17)
     assert r.budget.solo >= 0.97 * r.solo, f"the solo figure is {r.budget.solo:.0f} for {r.solo:.0f}"
-    before = r.produced
-    r.run(35)
-    prod = (r.produced - before) / 35
+    prod = production_over(r, 35)
     assert prod >= 0.95 * r.solo, f"production at {prod / r.solo:.3f} of its solo progress"
 
 
@@ -417,9 +420,7 @@ def test_a_load_that_falls_and_comes_back_within_one_job_is_measured_again_withi
     load_moves(r, 8, 50_000.0)
     r.run(15)
     assert abs(r.budget.solo - r.solo) <= 0.01 * r.solo, f"the solo figure is {r.budget.solo:.0f} for {r.solo:.0f}"
-    before = r.produced
-    r.run(30)
-    prod = (r.produced - before) / 30
+    prod = production_over(r, 30)
     assert prod >= 0.95 * r.solo, f"production at {prod / r.solo:.3f} of its solo progress"
 
 

@@ -398,7 +398,7 @@ def test_a_rise_of_production_s_own_that_the_harm_it_takes_hides_is_found_by_the
 
 def test_a_rise_that_goes_on_through_the_profile_it_set_off_is_followed():
     """Production's own load rises by half over 8 s beside work costing it up to 20 %. Its
-    progress beside that work passes the figure by a tenth 5 s in, and the profile that
+    progress beside that work passes the figure by a tenth 4.3 s in, and the profile that
     sets off measures a load still rising: taken as the new load, its figure held for the
     periodic profile a minute later, 65,465 blocks/s for 75,000 at the end, with production
     at 0.867 of its solo progress from 25 s to 60 s (the rise behind the figure hidden by

@@ -64,9 +64,24 @@ def container(host, simgpu):
         c.close()
 
 
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    """Keeps whether the test itself failed (`item.failed_call`), for fixtures that say
+    more then."""
+    outcome = yield
+    report = outcome.get_result()
+    if report.when == "call":
+        item.failed_call = report.failed
+
+
+TGSD_LOG_LINES = 400  # of each tgsd's log, printed where a test with tgsd failed
+
+
 @pytest.fixture
-def tgsd(simgpu, tmp_path):
-    """Starts a real tgsd on the test's simulated GPU: tgsd() or tgsd(toml="[control]\nshare = \"las\"")."""
+def tgsd(simgpu, tmp_path, request):
+    """Starts a real tgsd on the test's simulated GPU: tgsd() or tgsd(toml="[control]\nshare = \"las\"").
+    Where the test fails, the end of each tgsd's log (its decisions) is printed in the
+    teardown's captured output: a failure in CI, whose files are gone, can be read from it."""
     started = []
 
     def start(toml: str = "") -> Tgsd:
@@ -78,6 +93,11 @@ def tgsd(simgpu, tmp_path):
     yield start
     for d in started:
         d.close()
+    if getattr(request.node, "failed_call", False):
+        for d in started:
+            lines = d.log_path.read_text(errors="replace").splitlines() if d.log_path.exists() else []
+            print(f"--- {d.log_path}: its last {min(len(lines), TGSD_LOG_LINES)} of {len(lines)} lines ---")
+            print("\n".join(lines[-TGSD_LOG_LINES:]))
 
 
 NVIDIA_HOOK_RECORDS = "nvidia-hook-records"

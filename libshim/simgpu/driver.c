@@ -76,6 +76,17 @@ static CUresult dev_of(CUdevice ord, struct sim_device **d) {
     return CUDA_SUCCESS;
 }
 
+/* The preamble of a device query: an initialised driver, and `d` the visible device `ord`,
+ * else the query returns the error. */
+#define DEVICE_OF(ord, d)                 \
+    struct sim_device *d;                 \
+    do {                                  \
+        CHECK_INIT();                     \
+        CUresult _r = dev_of((ord), &d);  \
+        if (_r != CUDA_SUCCESS)           \
+            return _r;                    \
+    } while (0)
+
 SIM_API CUresult CUDAAPI cuDeviceGetCount(int *count) {
     CHECK_INIT();
     if (!count)
@@ -95,11 +106,7 @@ SIM_API CUresult CUDAAPI cuDeviceGet(CUdevice *device, int ordinal) {
 }
 
 SIM_API CUresult CUDAAPI cuDeviceGetName(char *name, int len, CUdevice dev) {
-    CHECK_INIT();
-    struct sim_device *d;
-    CUresult r = dev_of(dev, &d);
-    if (r)
-        return r;
+    DEVICE_OF(dev, d);
     if (!name || len <= 0)
         return CUDA_ERROR_INVALID_VALUE;
     snprintf(name, (size_t)len, "%s", d->name);
@@ -107,11 +114,7 @@ SIM_API CUresult CUDAAPI cuDeviceGetName(char *name, int len, CUdevice dev) {
 }
 
 SIM_API CUresult CUDAAPI cuDeviceGetUuid(CUuuid *uuid, CUdevice dev) {
-    CHECK_INIT();
-    struct sim_device *d;
-    CUresult r = dev_of(dev, &d);
-    if (r)
-        return r;
+    DEVICE_OF(dev, d);
     if (!uuid)
         return CUDA_ERROR_INVALID_VALUE;
     memcpy(uuid->bytes, d->uuid_bytes, 16);
@@ -121,11 +124,7 @@ SIM_API CUresult CUDAAPI cuDeviceGetUuid(CUuuid *uuid, CUdevice dev) {
 SIM_API CUresult CUDAAPI cuDeviceGetUuid_v2(CUuuid *uuid, CUdevice dev) { return cuDeviceGetUuid(uuid, dev); }
 
 SIM_API CUresult CUDAAPI cuDeviceTotalMem_v2(size_t *bytes, CUdevice dev) {
-    CHECK_INIT();
-    struct sim_device *d;
-    CUresult r = dev_of(dev, &d);
-    if (r)
-        return r;
+    DEVICE_OF(dev, d);
     if (!bytes)
         return CUDA_ERROR_INVALID_VALUE;
     *bytes = d->total_mem;
@@ -195,11 +194,7 @@ static int attribute(struct sim_device *d, CUdevice_attribute a) {
 }
 
 SIM_API CUresult CUDAAPI cuDeviceGetAttribute(int *pi, CUdevice_attribute attrib, CUdevice dev) {
-    CHECK_INIT();
-    struct sim_device *d;
-    CUresult r = dev_of(dev, &d);
-    if (r)
-        return r;
+    DEVICE_OF(dev, d);
     if (!pi || attrib <= 0 || attrib >= CU_DEVICE_ATTRIBUTE_MAX)
         return CUDA_ERROR_INVALID_VALUE;
     *pi = attribute(d, attrib);
@@ -207,11 +202,7 @@ SIM_API CUresult CUDAAPI cuDeviceGetAttribute(int *pi, CUdevice_attribute attrib
 }
 
 SIM_API CUresult CUDAAPI cuDeviceComputeCapability(int *major, int *minor, CUdevice dev) {
-    CHECK_INIT();
-    struct sim_device *d;
-    CUresult r = dev_of(dev, &d);
-    if (r)
-        return r;
+    DEVICE_OF(dev, d);
     if (!major || !minor)
         return CUDA_ERROR_INVALID_VALUE;
     *major = (int)d->cc_major;
@@ -220,11 +211,7 @@ SIM_API CUresult CUDAAPI cuDeviceComputeCapability(int *major, int *minor, CUdev
 }
 
 SIM_API CUresult CUDAAPI cuDeviceGetPCIBusId(char *pciBusId, int len, CUdevice dev) {
-    CHECK_INIT();
-    struct sim_device *d;
-    CUresult r = dev_of(dev, &d);
-    if (r)
-        return r;
+    DEVICE_OF(dev, d);
     if (!pciBusId || len <= 0)
         return CUDA_ERROR_INVALID_VALUE;
     snprintf(pciBusId, (size_t)len, "00000000:%02X:00.0", (unsigned)(d - g_sim.st->dev) + 1);

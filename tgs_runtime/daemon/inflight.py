@@ -6,7 +6,8 @@ next iteration waits behind at most that many. `FastController` owns one and tel
 what production does; the bound answers with its own moves:
 
 - harm (`ease`): the cheap answer first. In a trial of a bound deeper than the one
-  production held, back to that one, and the next deeper trial waits twice as long (10 s,
+  production held, back to that one (the controller takes any fall under such a trial for
+  harm, even one the shims would call production's own), and the next deeper trial waits twice as long (10 s,
   20 s, up to 320 s). Otherwise down to one kernel; a trial that ends this way doubles
   the wait before the next one (up to 320 s too), and the bound to try is the configured
   one again (what production held before may be too deep for its load now).

@@ -170,12 +170,15 @@ class ControllerTrace:
                 "decisions": decisions}
 
     @staticmethod
-    def moves_in_words(m: dict) -> str:
+    def moves_in_words(m: dict, lowest: list[float | None] | None = None) -> str:
         """`moves` in a table cell: "bound 2, 4 at 6.5 s, 8 at 11.5 s; profiled at 0.0 s; rate
-        limited in 3 of 40 samples"."""
+        limited in 3 of 40 samples"; with `lowest` (a figure for each bound, None for none)
+        each bound is followed by its figure in brackets: "bound 2 (0.991), 4 at 6.5 s (0.962)"."""
         if not m["samples"]:
             return "no status samples"
-        steps = [f"{b}" if i == 0 else f"{b} at {t:.1f} s" for i, (t, b) in enumerate(m["inflight_max"])]
+        lows = lowest or [None] * len(m["inflight_max"])
+        steps = [(f"{b}" if i == 0 else f"{b} at {t:.1f} s") + ("" if low is None else f" ({low:.3f})")
+                 for i, ((t, b), low) in enumerate(zip(m["inflight_max"], lows))]
         parts = ["bound " + ", ".join(steps) if any(b for _, b in m["inflight_max"]) else "no bound"]
         if m["profiles_s"]:
             parts.append("profiled at " + ", ".join(f"{t:.1f} s" for t in m["profiles_s"]))

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from bench.common import Outputs
-from bench.dynamics import settle
+from bench.dynamics import lowest_by_bound, settle
 from bench.lab import ControllerTrace, Job, Lab, opportunistic, production
 from tgs_runtime import proto
 from tgs_runtime.commands.bench import BENCHMARKS
@@ -62,6 +62,21 @@ def test_settle_finds_when_a_rate_comes_back_and_stays():
     s = settle(job, 0.0, 10.0, lambda r: r >= 97)
     assert s == pytest.approx(4.0, abs=0.3)
     assert settle(job, 0.0, 10.0, lambda r: r >= 200) is None, "never good: never settled"
+
+
+def test_the_lowest_rolling_rate_is_found_under_each_bound():
+    """dynamics' brackets: 100 it/s (solo 100), 90 it/s from 5 s to 8 s under a deeper
+    bound, 100 again after: the dip shows under the bound it came under, and a stretch too
+    short for a whole window has no figure."""
+    pts, its = [], 0
+    for k in range(49):
+        t = k * 0.25
+        pts.append((t, its))
+        its += (90 if 5 <= t < 8 else 100) * 0.25
+    job = job_with(pts)
+    lows = lowest_by_bound(job, 0.0, 12.0, [[0.0, 2], [5.0, 8], [8.0, 2], [11.5, 1]], 100.0)
+    assert lows[0] == pytest.approx(1.0, abs=0.01) and lows[1] == pytest.approx(0.9, abs=0.01)
+    assert lows[2] == pytest.approx(1.0, abs=0.01) and lows[3] is None
 
 
 def test_results_are_written_before_plots_and_kept_without_matplotlib(tmp_path, monkeypatch):
@@ -377,6 +392,8 @@ def test_a_controller_trace_says_what_tgsd_did_in_a_phase():
                  "rate_limited": 2, "decisions": [[-0.2, "new job"], [6.5, "tried 4"]]}
     assert ControllerTrace.moves_in_words(m) == ("bound 2, 4 at 7.0 s, 2 at 12.0 s; profiled at 0.0 s, 12.0 s; "
                                                  "rate limited in 2 of 7 samples")
+    assert ControllerTrace.moves_in_words(m, [0.991, 0.962, None]).startswith("bound 2 (0.991), 4 at 7.0 s (0.962), "
+                                                                          "2 at 12.0 s; profiled")
     paper = ControllerTrace([at(1.0, "slow-start", 0, 100), at(2.0, "profile", 0)]).moves(0.0, 3.0)
     assert ControllerTrace.moves_in_words(paper) == "no bound; profiled at 2.0 s; rate limited in 1 of 2 samples"
     assert ControllerTrace.moves_in_words(trace.moves(30.0, 40.0)) == "no status samples"

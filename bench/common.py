@@ -16,6 +16,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterator, Sequence
 
+import psutil
+
 from tgs_runtime import proto
 from tgs_runtime.control import ActivityFile, ControlBlock, StatePaths
 from tgs_runtime.paths import REPO_ROOT
@@ -46,6 +48,34 @@ def machine(gpu: str) -> dict:
         pass
     return {"host": socket.gethostname(), "cpu": cpu, "cores": os.cpu_count(), "gpu": gpu,
             "date": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"), "commit": commit()}
+
+
+@dataclass(frozen=True)
+class HostCpu:
+    """The host's CPU seconds so far, all CPUs together (psutil): busy, stolen (given by
+    the hypervisor to other guests) and in all. On a shared VM a benchmark's figures move
+    with the host (the same zero-length launch read 120-250 ns on a 2-core VM); `share`
+    says how busy the CPUs were over a stretch and how much of their time was stolen."""
+    busy: float
+    stolen: float
+    total: float
+
+    @classmethod
+    def now(cls) -> "HostCpu":
+        t = psutil.cpu_times()
+        idle = t.idle + getattr(t, "iowait", 0.0)
+        stolen = getattr(t, "steal", 0.0)
+        # guest time is counted in user time already (Linux): not added again
+        total = sum(getattr(t, k, 0.0) for k in ("user", "nice", "system", "idle", "iowait", "irq", "softirq",
+                                                 "steal"))
+        return cls(total - idle - stolen, stolen, total)
+
+    def share(self, later: "HostCpu") -> dict[str, float | None]:
+        """The part of all CPU time from this to `later` that was busy, and stolen."""
+        span = later.total - self.total
+        if span <= 0:
+            return {"busy": None, "stolen": None}
+        return {"busy": round((later.busy - self.busy) / span, 3), "stolen": round((later.stolen - self.stolen) / span, 3)}
 
 
 def table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> str:

@@ -10,7 +10,8 @@ against each other), and seconds until opportunistic work has >= 0.8 of the idle
 keeps it), for `fast` and `tgs-paper`, side by side in one run (TGS_BENCH_CONTROLLERS=fast:
 one), and what tgsd did in each phase (its in-flight bound and each change, its profiles,
 its rate limits: `tgs status` sampled every 0.5 s), with production's lowest rolling
-throughput under each bound. Target: <= 5 s."""
+throughput under each bound, and how busy the host's CPUs were in the phase and how much
+of their time its hypervisor took (a shared VM's slow stretches). Target: <= 5 s."""
 from __future__ import annotations
 
 import enum
@@ -18,7 +19,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from bench.common import Echo, Outputs, controllers, machine, table
+from bench.common import Echo, HostCpu, Outputs, controllers, machine, table
 from bench.lab import ControllerTrace, Job, Lab, opportunistic, production
 
 TOLERANCE = 0.03
@@ -142,7 +143,7 @@ def run(echo: Echo = print, quick: bool = False, json_path: Path | None = None) 
             phases, second = [], None
             with lab.trace() as trace:  # what tgsd did in each phase
                 for ph in SCHEDULE:
-                    start = time.monotonic()
+                    start, cpu = time.monotonic(), HostCpu.now()
                     job = None
                     if ph.jobs is Jobs.NONE:
                         job, second = second, None
@@ -156,24 +157,24 @@ def run(echo: Echo = print, quick: bool = False, json_path: Path | None = None) 
                         job.wait(2 * phase_s + 60)
                     else:
                         time.sleep(phase_s)
-                    phases.append((ph, start, time.monotonic(), job))
+                    phases.append((ph, start, time.monotonic(), job, cpu.share(HostCpu.now())))
             opp.kill()
             opp.wait()
             out = []
-            for ph, start, end, job in phases:
+            for ph, start, end, job, host in phases:
                 row = {"phase": ph.name, "start_s": round(start - t0, 2), "production_judged": ph.judged,
                        "production_s": None if not ph.judged else settle(
                            job, start, end, lambda r, k=ph.solo: r >= (1 - TOLERANCE) * solo[k]),
                        "opportunistic_s": settle(opp, start, end,
                                                  lambda r, i=ph.idle: r >= IDLE_SHARE * i * solo["opportunistic"]),
-                       "tgsd": trace.moves(start, end)}
+                       "tgsd": trace.moves(start, end), "host_cpu": host}
                 row["production_lowest"] = lowest_by_bound(job, start, end, row["tgsd"]["inflight_max"],
                                                            solo[ph.solo]) if ph.judged else None
                 out.append(row)
-            spans = [(start, end, ph) for ph, start, end, _ in phases]
+            spans = [(start, end, ph) for ph, start, end, _, _ in phases]
             series = {"production": [[(t - t0, r.iterations_per_s / solo[phase_at(spans, t).solo])
                                       for t, r in zip(job.arrivals, job.reports) if not r.summary]
-                                     for ph, _, _, job in phases if job],  # one segment per job
+                                     for ph, _, _, job, _ in phases if job],  # one segment per job
                       "opportunistic": [(t - t0, r.iterations_per_s / solo["opportunistic"])
                                         for t, r in zip(opp.arrivals, opp.reports) if not r.summary]}
             runs[controller] = {"phases": out, "series": series}
@@ -181,14 +182,14 @@ def run(echo: Echo = print, quick: bool = False, json_path: Path | None = None) 
                 f"{r['phase']}: production {fmt(r['production_s'])}, opportunistic {fmt(r['opportunistic_s'])}"
                 for r in out))
     rows = [[c, r["phase"], fmt(r["production_s"]) if r["production_judged"] else "-", fmt(r["opportunistic_s"]),
-             ControllerTrace.moves_in_words(r["tgsd"], r.get("production_lowest"))]
+             ControllerTrace.moves_in_words(r["tgsd"], r.get("production_lowest")), host_words(r["host_cpu"])]
             for c, v in runs.items() for r in v["phases"]]
     result = {"benchmark": "dynamics", "simulated": gpu != "real GPU", "machine": machine(gpu), "quick": quick,
               "phase_s": phase_s, "solo": solo, "runs": runs, "target_s": 5}
     md = (f"### dynamics: seconds until each side settles after production's load changes ({gpu}, "
           f"{result['machine']['date']}, commit {result['machine']['commit']})\n\n"
           + table(["controller", "phase", "production back within 3 %", "opportunistic >= 0.8 of idle",
-                   "what tgsd did (s into the phase)"], rows)
+                   "what tgsd did (s into the phase)", "host CPUs busy / stolen"], rows)
           + f"\n\nPhases of {phase_s:g} s; 'two at 25 %': two production jobs in containers of their own "
           "(plotted against one job's throughput beside the other, without opportunistic work); 'one of two "
           f"ends': the second job runs on alone. Throughput judged on a rolling {SPAN:g} s window every {STEP:g} s; "
@@ -198,7 +199,8 @@ def run(echo: Echo = print, quick: bool = False, json_path: Path | None = None) 
           "work paused) and the status samples in which a rate limit held, from `tgs status` sampled every 0.5 s "
           "(the plot marks each change of the bound in green at its foot); in brackets after each bound, "
           f"production's lowest rolling {SPAN:g} s throughput under it, a part of solo (a dip under the "
-          "configured bound as well as a deeper one does not point at the deeper one). "
+          "configured bound as well as a deeper one does not point at the deeper one). Host CPUs: the part of all "
+          "the machine's CPU time in the phase that was busy, and that its hypervisor gave to other guests. "
           "Target: <= 5 s.")
     Outputs("dynamics", json_path).write(result, md, echo, {"dynamics.png": lambda: plot(runs, phase_s)})
     return result
@@ -206,6 +208,11 @@ def run(echo: Echo = print, quick: bool = False, json_path: Path | None = None) 
 
 def fmt(s: float | None) -> str:
     return "never" if s is None else f"{s:.1f} s"
+
+
+def host_words(host: dict) -> str:
+    """`HostCpu.share` in a table cell: "0.97 / 0.01"."""
+    return "-" if host["busy"] is None else f"{host['busy']:.2f} / {host['stolen']:.2f}"
 
 
 def plot(runs: dict, phase_s: float):

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from bench.common import Outputs
-from bench.dynamics import lowest_by_bound, settle
+from bench.dynamics import host_words, lowest_by_bound, settle
 from bench.lab import ControllerTrace, Job, Lab, opportunistic, production
 from tgs_runtime import proto
 from tgs_runtime.commands.bench import BENCHMARKS
@@ -77,6 +77,18 @@ def test_the_lowest_rolling_rate_is_found_under_each_bound():
     lows = lowest_by_bound(job, 0.0, 12.0, [[0.0, 2], [5.0, 8], [8.0, 2], [11.5, 1]], 100.0)
     assert lows[0] == pytest.approx(1.0, abs=0.01) and lows[1] == pytest.approx(0.9, abs=0.01)
     assert lows[2] == pytest.approx(1.0, abs=0.01) and lows[3] is None
+
+
+def test_the_host_s_cpu_time_is_shared_out_as_busy_and_stolen():
+    """dynamics' host column: of 200 CPU seconds in a phase, 150 busy and 10 stolen; a
+    stretch too short to tick says nothing; the machine's own counters move forward."""
+    from bench.common import HostCpu
+    before, after = HostCpu(1_000.0, 40.0, 5_000.0), HostCpu(1_150.0, 50.0, 5_200.0)
+    assert before.share(after) == {"busy": 0.75, "stolen": 0.05}
+    assert host_words(before.share(after)) == "0.75 / 0.05"
+    assert host_words(before.share(before)) == "-"
+    now = HostCpu.now()
+    assert 0 <= now.stolen <= now.busy + now.stolen <= now.total
 
 
 def test_results_are_written_before_plots_and_kept_without_matplotlib(tmp_path, monkeypatch):

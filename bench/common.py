@@ -77,6 +77,11 @@ class HostCpu:
             return {"busy": None, "stolen": None}
         return {"busy": round((later.busy - self.busy) / span, 3), "stolen": round((later.stolen - self.stolen) / span, 3)}
 
+    @staticmethod
+    def in_words(share: dict) -> str:
+        """`share` in a table cell: "0.97 / 0.01" (busy / stolen)."""
+        return "-" if share.get("busy") is None else f"{share['busy']:.2f} / {share['stolen']:.2f}"
+
 
 def table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
     cells = [[str(h) for h in headers]] + [[str(c) for c in r] for r in rows]

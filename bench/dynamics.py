@@ -182,7 +182,7 @@ def run(echo: Echo = print, quick: bool = False, json_path: Path | None = None) 
                 f"{r['phase']}: production {fmt(r['production_s'])}, opportunistic {fmt(r['opportunistic_s'])}"
                 for r in out))
     rows = [[c, r["phase"], fmt(r["production_s"]) if r["production_judged"] else "-", fmt(r["opportunistic_s"]),
-             ControllerTrace.moves_in_words(r["tgsd"], r.get("production_lowest")), host_words(r["host_cpu"])]
+             ControllerTrace.moves_in_words(r["tgsd"], r.get("production_lowest")), HostCpu.in_words(r["host_cpu"])]
             for c, v in runs.items() for r in v["phases"]]
     result = {"benchmark": "dynamics", "simulated": gpu != "real GPU", "machine": machine(gpu), "quick": quick,
               "phase_s": phase_s, "solo": solo, "runs": runs, "target_s": 5}
@@ -209,10 +209,6 @@ def run(echo: Echo = print, quick: bool = False, json_path: Path | None = None) 
 def fmt(s: float | None) -> str:
     return "never" if s is None else f"{s:.1f} s"
 
-
-def host_words(host: dict) -> str:
-    """`HostCpu.share` in a table cell: "0.97 / 0.01"."""
-    return "-" if host["busy"] is None else f"{host['busy']:.2f} / {host['stolen']:.2f}"
 
 
 def plot(runs: dict, phase_s: float):

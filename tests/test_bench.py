@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from bench.common import Outputs
-from bench.dynamics import host_words, lowest_by_bound, settle
+from bench.dynamics import lowest_by_bound, settle
 from bench.lab import ControllerTrace, Job, Lab, opportunistic, production
 from tgs_runtime import proto
 from tgs_runtime.commands.bench import BENCHMARKS
@@ -85,8 +85,8 @@ def test_the_host_s_cpu_time_is_shared_out_as_busy_and_stolen():
     from bench.common import HostCpu
     before, after = HostCpu(1_000.0, 40.0, 5_000.0), HostCpu(1_150.0, 50.0, 5_200.0)
     assert before.share(after) == {"busy": 0.75, "stolen": 0.05}
-    assert host_words(before.share(after)) == "0.75 / 0.05"
-    assert host_words(before.share(before)) == "-"
+    assert HostCpu.in_words(before.share(after)) == "0.75 / 0.05"
+    assert HostCpu.in_words(before.share(before)) == "-"
     now = HostCpu.now()
     assert 0 <= now.stolen <= now.busy + now.stolen <= now.total
 

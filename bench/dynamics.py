@@ -210,7 +210,6 @@ def fmt(s: float | None) -> str:
     return "never" if s is None else f"{s:.1f} s"
 
 
-
 def plot(runs: dict, phase_s: float):
     import matplotlib
 

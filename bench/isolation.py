@@ -138,11 +138,11 @@ def run(echo: Echo = print, quick: bool = False, json_path: Path | None = None) 
                                                     "opportunistic_ratio": round(opp_ratio, 3),
                                                     "idle_share": round(idle, 3),
                                                     "busy_fraction": None if m["busy_fraction"] is None else round(m["busy_fraction"], 3),
-                                                    "host_cpu": m.get("host_cpu")}
+                                                    "host_cpu": m["host_cpu"]}
             s = summary[name][str(d)]
             rows.append([name, f"{d:.0%}", f"{prod_ratio:.3f}", f"{opp_ratio:.3f}", f"{idle:.3f}",
                          "-" if s["busy_fraction"] is None else f"{s['busy_fraction']:.2f}",
-                         HostCpu.in_words(s["host_cpu"] or {})])
+                         HostCpu.in_words(s["host_cpu"])])
     result = {"benchmark": "isolation", "simulated": gpu != "real GPU", "machine": machine(gpu), "quick": quick,
               "raw": results, "summary": summary,
               "targets": {name: {"production_ratio": 0.97, "idle_share": 0.8}

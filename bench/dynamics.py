@@ -11,11 +11,15 @@ keeps it), for `fast` and `tgs-paper`, side by side in one run (TGS_BENCH_CONTRO
 one), and what tgsd did in each phase (its in-flight bound and each change, its profiles,
 its rate limits: `tgs status` sampled every 0.5 s), with production's lowest rolling
 throughput under each bound, and how busy the host's CPUs were in the phase and how much
-of their time its hypervisor took (a shared VM's slow stretches). Target: <= 5 s."""
+of their time its hypervisor took (a shared VM's slow stretches). On simgpu, a twin of the
+production jobs runs alone on a second simulated GPU at the same moments and is judged the
+same way: a control for the machine (where the twin misses too, the machine slowed
+production, not the work beside it). Target: <= 5 s."""
 from __future__ import annotations
 
 import enum
 import time
+from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -110,6 +114,22 @@ def phase_at(spans: list[tuple[float, float, Phase]], t: float) -> Phase:
     return next((ph for start, end, ph in spans if start <= t < end), spans[-1][2])
 
 
+def start_phase(lab: Lab, ph: Phase, phase_s: float, label: str, second: Job | None,
+                containers: tuple[dict | None, dict | None] = (None, None)) -> tuple[Job | None, Job | None]:
+    """Starts a phase's production jobs in `lab` (in `containers`: the job's and the pair's
+    second job's; none: plain processes). Gives the job the phase judges (after a pair, the
+    second job, which runs on) and the pair's second job, running on into the next phase."""
+    if ph.jobs is Jobs.NONE:
+        return second, None
+    if not ph.duty:
+        return None, second
+    job = lab.run(production(ph.duty, phase_s, report_s=REPORT_S, warmup_s=0), label, containers[0])
+    if ph.jobs is Jobs.PAIR:
+        second = lab.run(production(ph.duty, 2 * phase_s, report_s=REPORT_S, warmup_s=0), f"{label}-second",
+                         containers[1])
+    return job, second
+
+
 def run(echo: Echo = print, quick: bool = False, json_path: Path | None = None) -> dict:
     phase_s = 10.0 if quick else 20.0
     wanted = [c for c in ("fast", "tgs-paper") if c in controllers()]
@@ -133,48 +153,53 @@ def run(echo: Echo = print, quick: bool = False, json_path: Path | None = None) 
         echo("  " + ", ".join(f"{k}: {v:.1f} it/s" for k, v in solo.items()))
     runs: dict = {}
     for controller in wanted:
-        with Lab(tgsd={"control": {"controller": controller}}) as lab:
+        with Lab(tgsd={"control": {"controller": controller}}) as lab, ExitStack() as stack:
+            twin = None if lab.real else stack.enter_context(Lab())  # a second simulated GPU, nothing else on it
             prod_c, opp_c = lab.container("production"), lab.container("opportunistic")
             second_c = lab.container("production")  # the pair's second job's
             total = phase_s * len(SCHEDULE) + 60  # outlives the schedule; killed at its end
             opp = lab.run(opportunistic(total, report_s=REPORT_S), f"{controller}-opp", opp_c)
             time.sleep(2)
             t0 = time.monotonic()
-            phases, second = [], None
+            phases, second, twin_second = [], None, None
             with lab.trace() as trace:  # what tgsd did in each phase
                 for ph in SCHEDULE:
                     start, cpu = time.monotonic(), HostCpu.now()
-                    job = None
-                    if ph.jobs is Jobs.NONE:
-                        job, second = second, None
-                    elif ph.duty:
-                        job = lab.run(production(ph.duty, phase_s, report_s=REPORT_S, warmup_s=0),
-                                      f"{controller}-{ph.name}", prod_c)
-                        if ph.jobs is Jobs.PAIR:
-                            second = lab.run(production(ph.duty, 2 * phase_s, report_s=REPORT_S, warmup_s=0),
-                                             f"{controller}-{ph.name}-second", second_c)
+                    job, second = start_phase(lab, ph, phase_s, f"{controller}-{ph.name}", second, (prod_c, second_c))
+                    twin_job, twin_second = (start_phase(twin, ph, phase_s, f"twin-{ph.name}", twin_second)
+                                             if twin else (None, None))
                     if job:
                         job.wait(2 * phase_s + 60)
+                        if twin_job:
+                            twin_job.wait(2 * phase_s + 60)
                     else:
                         time.sleep(phase_s)
-                    phases.append((ph, start, time.monotonic(), job, cpu.share(HostCpu.now())))
+                    phases.append((ph, start, time.monotonic(), job, twin_job, cpu.share(HostCpu.now())))
             opp.kill()
             opp.wait()
             out = []
-            for ph, start, end, job, host in phases:
+            for ph, start, end, job, twin_job, host in phases:
+                within = (lambda r, k=ph.solo: r >= (1 - TOLERANCE) * solo[k])
                 row = {"phase": ph.name, "start_s": round(start - t0, 2), "production_judged": ph.judged,
-                       "production_s": None if not ph.judged else settle(
-                           job, start, end, lambda r, k=ph.solo: r >= (1 - TOLERANCE) * solo[k]),
+                       "production_s": settle(job, start, end, within) if ph.judged else None,
                        "opportunistic_s": settle(opp, start, end,
                                                  lambda r, i=ph.idle: r >= IDLE_SHARE * i * solo["opportunistic"]),
                        "tgsd": trace.moves(start, end), "host_cpu": host}
                 row["production_lowest"] = lowest_by_bound(job, start, end, row["tgsd"]["inflight_max"],
                                                            solo[ph.solo]) if ph.judged else None
+                judged_twin = ph.judged and twin_job is not None
+                row["twin"] = {"settled_s": settle(twin_job, start, end, within),
+                               "lowest": lowest_by_bound(twin_job, start, end, [[0.0, None]], solo[ph.solo])[0]
+                               } if judged_twin else None
                 out.append(row)
-            spans = [(start, end, ph) for ph, start, end, _, _ in phases]
-            series = {"production": [[(t - t0, r.iterations_per_s / solo[phase_at(spans, t).solo])
-                                      for t, r in zip(job.arrivals, job.reports) if not r.summary]
-                                     for ph, _, _, job, _ in phases if job],  # one segment per job
+            spans = [(start, end, ph) for ph, start, end, *_ in phases]
+
+            def segments(jobs):  # one per job, each report a part of the solo of the phase it came in
+                return [[(t - t0, r.iterations_per_s / solo[phase_at(spans, t).solo])
+                         for t, r in zip(j.arrivals, j.reports) if not r.summary] for j in jobs if j]
+
+            series = {"production": segments(job for _, _, _, job, _, _ in phases),
+                      "twin": segments(twin_job for _, _, _, _, twin_job, _ in phases),
                       "opportunistic": [(t - t0, r.iterations_per_s / solo["opportunistic"])
                                         for t, r in zip(opp.arrivals, opp.reports) if not r.summary]}
             runs[controller] = {"phases": out, "series": series}
@@ -182,14 +207,15 @@ def run(echo: Echo = print, quick: bool = False, json_path: Path | None = None) 
                 f"{r['phase']}: production {fmt(r['production_s'])}, opportunistic {fmt(r['opportunistic_s'])}"
                 for r in out))
     rows = [[c, r["phase"], fmt(r["production_s"]) if r["production_judged"] else "-", fmt(r["opportunistic_s"]),
-             ControllerTrace.moves_in_words(r["tgsd"], r.get("production_lowest")), HostCpu.in_words(r["host_cpu"])]
+             ControllerTrace.moves_in_words(r["tgsd"], r.get("production_lowest")), twin_in_words(r.get("twin")),
+             HostCpu.in_words(r["host_cpu"])]
             for c, v in runs.items() for r in v["phases"]]
     result = {"benchmark": "dynamics", "simulated": gpu != "real GPU", "machine": machine(gpu), "quick": quick,
               "phase_s": phase_s, "solo": solo, "runs": runs, "target_s": 5}
     md = (f"### dynamics: seconds until each side settles after production's load changes ({gpu}, "
           f"{result['machine']['date']}, commit {result['machine']['commit']})\n\n"
           + table(["controller", "phase", "production back within 3 %", "opportunistic >= 0.8 of idle",
-                   "what tgsd did (s into the phase)", "host CPUs busy / stolen"], rows)
+                   "what tgsd did (s into the phase)", "a twin alone", "host CPUs busy / stolen"], rows)
           + f"\n\nPhases of {phase_s:g} s; 'two at 25 %': two production jobs in containers of their own "
           "(plotted against one job's throughput beside the other, without opportunistic work); 'one of two "
           f"ends': the second job runs on alone. Throughput judged on a rolling {SPAN:g} s window every {STEP:g} s; "
@@ -199,7 +225,11 @@ def run(echo: Echo = print, quick: bool = False, json_path: Path | None = None) 
           "work paused) and the status samples in which a rate limit held, from `tgs status` sampled every 0.5 s "
           "(the plot marks each change of the bound in green at its foot); in brackets after each bound, "
           f"production's lowest rolling {SPAN:g} s throughput under it, a part of solo (a dip under the "
-          "configured bound as well as a deeper one does not point at the deeper one). Host CPUs: the part of all "
+          "configured bound as well as a deeper one does not point at the deeper one). A twin alone (simgpu only): "
+          "the same production jobs started at the same moments on a second simulated GPU with nothing beside "
+          "them, no shim and no tgsd, judged the same way (seconds until back within 3 % of solo; in brackets "
+          f"its lowest rolling {SPAN:g} s throughput, a part of solo): where the twin misses too, the machine "
+          "slowed production, not the opportunistic work beside it. Host CPUs: the part of all "
           "the machine's CPU time in the phase that was busy, and that its hypervisor gave to other guests. "
           "Target: <= 5 s.")
     Outputs("dynamics", json_path).write(result, md, echo, {"dynamics.png": lambda: plot(runs, phase_s)})
@@ -208,6 +238,13 @@ def run(echo: Echo = print, quick: bool = False, json_path: Path | None = None) 
 
 def fmt(s: float | None) -> str:
     return "never" if s is None else f"{s:.1f} s"
+
+
+def twin_in_words(twin: dict | None) -> str:
+    """The twin's cell: "1.5 s (0.991)"; "-" where there was none or it is not judged."""
+    if not twin:
+        return "-"
+    return fmt(twin["settled_s"]) + ("" if twin["lowest"] is None else f" ({twin['lowest']:.3f})")
 
 
 def plot(runs: dict, phase_s: float):
@@ -222,6 +259,9 @@ def plot(runs: dict, phase_s: float):
         for i, seg in enumerate(v["series"]["production"]):
             ax.plot([p[0] for p in seg], [p[1] for p in seg], color="C0", lw=1,
                     label="production / solo" if i == 0 else None)
+        for i, seg in enumerate(v["series"].get("twin", [])):
+            ax.plot([p[0] for p in seg], [p[1] for p in seg], color="0.6", lw=0.7,
+                    label="a twin alone / solo" if i == 0 else None)
         pts = v["series"]["opportunistic"]
         ax.plot([p[0] for p in pts], [p[1] for p in pts], color="C1", lw=1, label="opportunistic / solo")
         for r in v["phases"]:

@@ -201,8 +201,45 @@ def test_the_dynamics_plot_draws_one_controller_as_well_as_two():
 
     one = {"phases": [{"phase": "25 % duty", "start_s": 0.0, "production_s": 1.0, "opportunistic_s": 1.0}],
            "series": {"production": [[(0.5, 1.0), (1.0, 0.99)]], "opportunistic": [(0.5, 0.7), (1.0, 0.75)]}}
-    for runs in ({"fast": one}, {"fast": one, "tgs-paper": one}):
+    with_twin = {**one, "series": {**one["series"], "twin": [[(0.5, 0.98), (1.0, 0.99)]]}}
+    for runs in ({"fast": one}, {"fast": one, "tgs-paper": with_twin}):
         assert len(plot(runs, 10.0).axes) == len(runs)
+
+
+def test_the_twin_runs_the_same_production_jobs_as_the_containers_and_hands_over_alike():
+    """dynamics' control: in each phase the twin (plain processes on a second simulated GPU)
+    starts the workloads the containers start, and the pair's second job runs on into the
+    next phase on both sides, where it is the job judged."""
+    from bench.dynamics import SCHEDULE, Jobs, start_phase
+
+    class FakeLab:
+        def __init__(self):
+            self.started = []
+
+        def run(self, w, label, container=None):
+            self.started.append((w.argv(Path("wl")), label, container))
+            return label
+
+    main, twin = FakeLab(), FakeLab()
+    second = twin_second = None
+    judged = []
+    for ph in SCHEDULE:
+        job, second = start_phase(main, ph, 20.0, f"fast-{ph.name}", second, ({"c": "prod"}, {"c": "second"}))
+        twin_job, twin_second = start_phase(twin, ph, 20.0, f"twin-{ph.name}", twin_second)
+        judged.append((job, twin_job))
+    assert [a for a, _, _ in main.started] == [a for a, _, _ in twin.started]
+    assert all(c is None for _, _, c in twin.started) and main.started[0][2] == {"c": "prod"}
+    none = [i for i, ph in enumerate(SCHEDULE) if ph.jobs is Jobs.NONE][0]
+    assert judged[none] == ("fast-two at 25 %-second", "twin-two at 25 %-second")
+    assert judged[[ph.duty for ph in SCHEDULE].index(None)] == (None, None), "the idle phase starts nothing"
+
+
+def test_the_twin_s_cell_gives_its_settling_and_its_lowest():
+    from bench.dynamics import twin_in_words
+
+    assert twin_in_words({"settled_s": 1.5, "lowest": 0.9912}) == "1.5 s (0.991)"
+    assert twin_in_words({"settled_s": None, "lowest": 0.95}) == "never (0.950)"
+    assert twin_in_words(None) == "-"
 
 
 def test_the_handover_judges_production_against_the_pair_then_against_one_job_alone():

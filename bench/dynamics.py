@@ -19,12 +19,11 @@ from __future__ import annotations
 
 import enum
 import time
-from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
 
 from bench.common import Echo, HostCpu, Outputs, controllers, machine, table
-from bench.lab import ControllerTrace, Job, Lab, opportunistic, production
+from bench.lab import ControllerTrace, Job, Lab, opportunistic, production, twin_gpu
 
 TOLERANCE = 0.03
 IDLE_SHARE = 0.8
@@ -153,8 +152,7 @@ def run(echo: Echo = print, quick: bool = False, json_path: Path | None = None) 
         echo("  " + ", ".join(f"{k}: {v:.1f} it/s" for k, v in solo.items()))
     runs: dict = {}
     for controller in wanted:
-        with Lab(tgsd={"control": {"controller": controller}}) as lab, ExitStack() as stack:
-            twin = None if lab.real else stack.enter_context(Lab())  # a second simulated GPU, nothing else on it
+        with Lab(tgsd={"control": {"controller": controller}}) as lab, twin_gpu() as twin:
             prod_c, opp_c = lab.container("production"), lab.container("opportunistic")
             second_c = lab.container("production")  # the pair's second job's
             total = phase_s * len(SCHEDULE) + 60  # outlives the schedule; killed at its end

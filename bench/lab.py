@@ -363,3 +363,15 @@ class Lab:
     @property
     def gpu_label(self) -> str:
         return "real GPU" if self.real else "simgpu (simulated)"
+
+
+@contextmanager
+def twin_gpu() -> Iterator[Lab | None]:
+    """A second simulated GPU with nothing on it and no tgsd, for a control: production's
+    jobs started beside a benchmark's at the same moments, alone, so that a slow stretch of
+    the machine shows in both. None on a real GPU: there is one GPU to measure on."""
+    if sim.real_gpu():
+        yield None
+        return
+    with Lab() as lab:
+        yield lab

@@ -15,7 +15,7 @@ import pytest
 from bench.common import Outputs
 from bench.dynamics import lowest_by_bound, settle
 from bench.lab import ControllerTrace, Job, Lab, opportunistic, production
-from tgs_runtime import proto
+from tgs_runtime import proto, sim
 from tgs_runtime.commands.bench import BENCHMARKS
 from tgs_runtime.workload import Report, Workload
 
@@ -232,6 +232,25 @@ def test_the_twin_runs_the_same_production_jobs_as_the_containers_and_hands_over
     none = [i for i, ph in enumerate(SCHEDULE) if ph.jobs is Jobs.NONE][0]
     assert judged[none] == ("fast-two at 25 %-second", "twin-two at 25 %-second")
     assert judged[[ph.duty for ph in SCHEDULE].index(None)] == (None, None), "the idle phase starts nothing"
+
+
+def test_a_twin_gpu_runs_its_job_alone_beside_a_lab_s(libshim):
+    """The benchmarks' control: a job on the twin GPU and one on a lab's run at the same
+    time, each on a simulated GPU of its own (each engine's accounting has its own job and
+    nothing of the other's); isolation adds production's twin to a setting's jobs."""
+    from bench.isolation import twinned
+    from bench.lab import twin_gpu
+
+    with Lab() as lab, twin_gpu() as twin:
+        assert twin is not None and twin.settings.state != lab.settings.state
+        jobs = twinned({"prod": lab.run(production(0.5, 2, report_s=0.25), "main")}, twin, 0.5, 2, "x")
+        assert set(jobs) == {"prod", "twin"}
+        assert jobs["twin"].proc.args == jobs["prod"].proc.args, "the same job"
+        assert all(j.wait() == 0 for j in jobs.values())
+        main, alone = sim.contexts(lab.snapshot()), sim.contexts(twin.snapshot())
+    assert main["main"]["busy_ns"] > 0.5e9 and "twin-x" not in main, main.keys()
+    assert alone["twin-x"]["busy_ns"] > 0.5e9 and "main" not in alone, alone.keys()
+    assert twinned({"prod": None}, None, 0.5, 2, "x") == {"prod": None}, "no twin: the jobs alone"
 
 
 def test_the_twin_s_cell_gives_its_settling_and_its_lowest():

@@ -28,7 +28,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from bench.common import Echo, Outputs, machine, median, standalone_containers, table
+from bench.common import Echo, HostCpu, Outputs, machine, median, standalone_containers, table
 from tgs_runtime import proto, sim
 from tgs_runtime.control import ActivityFile, ContainerPaths
 from tgs_runtime.daemon.gpus import GpuInventory
@@ -95,10 +95,14 @@ def run(echo: Echo = print, quick: bool = False, json_path: Path | None = None) 
             expect.expect(0, now, now + HOUR_NS, now + 2 * HOUR_NS)
             expect.close()
             samples = {m: [] for m in MODES}
+            host = []  # each round's HostCpu.share: a slow round may be the hypervisor's
             for r in range(rounds):
+                cpu = HostCpu.now()
                 for mode in MODES:
                     samples[mode].append(_ns(_env(settings, mode, dirs), launches))
-                echo(f"  round {r + 1}/{rounds}: " + ", ".join(f"{m} {samples[m][-1]:.0f} ns" for m in MODES))
+                host.append(cpu.share(HostCpu.now()))
+                echo(f"  round {r + 1}/{rounds}: " + ", ".join(f"{m} {samples[m][-1]:.0f} ns" for m in MODES)
+                     + f"; host CPUs busy / stolen {HostCpu.in_words(host[-1])}")
             instr: dict[str, float | None] = {m: None for m in MODES}
             reason = None
             if real:
@@ -126,7 +130,8 @@ def run(echo: Echo = print, quick: bool = False, json_path: Path | None = None) 
                      "-" if ir is None or base_ir is None else f"{ir - base_ir:+.0f}"])
     gpu = "real GPU" if real else "simgpu (simulated)"
     result = {"benchmark": "launch", "simulated": not real, "machine": machine(gpu),
-              "rounds": rounds, "launches_per_run": launches, "modes": modes, "callgrind": reason or "ok",
+              "rounds": rounds, "launches_per_run": launches, "modes": modes, "host_cpu_by_round": host,
+              "callgrind": reason or "ok",
               "target_added_ns": 100}
     md = (f"### launch: cost of one kernel launch ({gpu}, {result['machine']['date']}, "
           f"commit {result['machine']['commit']})\n\n"
@@ -135,7 +140,8 @@ def run(echo: Echo = print, quick: bool = False, json_path: Path | None = None) 
           + f"\n\n{rounds} interleaved rounds of {launches} zero-length launches; instructions by callgrind"
           + (f" ({reason})" if reason else "") + ". Fastest runs: each mode's fastest run against the fastest "
           "without the shim (a shared machine's speed can change from one run to the next: on an Intel Xeon VM "
-          "the same launches read 120-230 ns, the medians then mixing fast runs and slow ones). "
+          "the same launches read 120-230 ns, the medians then mixing fast runs and slow ones). Host CPUs busy / "
+          "stolen by its hypervisor, round by round: " + ", ".join(HostCpu.in_words(h) for h in host) + ". "
           "Target: <= 100 ns added (the medians).")
     Outputs("launch", json_path).write(result, md, echo)
     return result

@@ -239,6 +239,24 @@ def test_a_deeper_bound_that_harms_production_goes_back_and_is_tried_ever_more_r
     assert kept >= 0.995, f"production kept only {kept:.4f} of its progress"
 
 
+def test_a_deep_fall_of_production_s_own_under_a_deeper_trial_ends_the_trial_and_cuts_nothing():
+    """Production's own load halves (two jobs' bursts drawing together) 1 s into a trial of
+    four, the shims seeing nothing beside it: the trial ends, back to two, and the fall is
+    judged again there and taken as production's own, with no rate cut and no bound of
+    one (before, the first reading, 0.864 of the figure, cut the rate with the ease, and the
+    next cut it again)."""
+    r = Rig(fast(), overlap=0.0)
+    r.run(2, opportunistic=False)
+    trial = next((i for i in range(round(60 / DT)) if r.run(DT).inflight == 4), None)
+    assert trial is not None, "no trial of four in 60 s"
+    r.run(1.0)
+    r.solo *= 0.5
+    budgets = [r.run(DT) for _ in range(round(4 / DT))]
+    assert all(b.rate == UNLIMITED for b in budgets), [b.why for b in budgets if b.rate != UNLIMITED][:1]
+    assert {b.inflight for b in budgets} <= {2, 4} and budgets[-1].inflight == 2
+    assert any("its own load, the new solo figure" in b.why for b in budgets)
+
+
 def test_a_deeper_bound_that_slows_opportunistic_work_goes_back_and_is_tried_ever_more_rarely():
     """A deeper trial is for opportunistic work. Where more than four kernels in flight
     cost it half its progress (as the bound deepening to eight seemed to cost an

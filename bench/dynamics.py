@@ -177,7 +177,9 @@ def run(echo: Echo = print, quick: bool = False, json_path: Path | None = None) 
             opp.wait()
             out = []
             for ph, start, end, job, twin_job, host in phases:
-                within = (lambda r, k=ph.solo: r >= (1 - TOLERANCE) * solo[k])
+                def within(r: float, k: str = ph.solo) -> bool:  # production back within 3 % of solo
+                    return r >= (1 - TOLERANCE) * solo[k]
+
                 row = {"phase": ph.name, "start_s": round(start - t0, 2), "production_judged": ph.judged,
                        "production_s": settle(job, start, end, within) if ph.judged else None,
                        "opportunistic_s": settle(opp, start, end,
@@ -185,10 +187,10 @@ def run(echo: Echo = print, quick: bool = False, json_path: Path | None = None) 
                        "tgsd": trace.moves(start, end), "host_cpu": host}
                 row["production_lowest"] = lowest_by_bound(job, start, end, row["tgsd"]["inflight_max"],
                                                            solo[ph.solo]) if ph.judged else None
-                judged_twin = ph.judged and twin_job is not None
+                # judged as production; its lowest over the whole phase (one stretch: no bound of its own)
                 row["twin"] = {"settled_s": settle(twin_job, start, end, within),
                                "lowest": lowest_by_bound(twin_job, start, end, [[0.0, None]], solo[ph.solo])[0]
-                               } if judged_twin else None
+                               } if ph.judged and twin_job else None
                 out.append(row)
             spans = [(start, end, ph) for ph, start, end, *_ in phases]
 

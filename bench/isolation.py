@@ -11,9 +11,10 @@ production >= 0.97 while opportunistic gets >= 0.8 of the idle time. Four more r
 `fast` at 50 % duty beside an opportunistic job of 20 us kernels (as short as most of a
 PyTorch job's), beside one of 10 us kernels whose iterations end in ten of 2 ms (a
 backward pass's matmuls), and beside each of those on 5,000 grid sizes in turn (a
-framework's dynamic shapes: every kernel new to the shim), show that the in-flight bound neither starves short kernels nor lets a run
-of long ones queue up behind production, and that anticipation does not start a long
-kernel it has never timed just before production is due. A fifth, beside 100 us kernels
+framework's dynamic shapes: every kernel new to the shim), show that the in-flight bound
+neither starves short kernels nor lets a run of long ones queue up behind production, and
+that anticipation does not start a long kernel it has never timed just before production
+is due. A fifth, beside 100 us kernels
 with 3 ms of host work in the middle of each iteration (a framework's Python between its
 launches), shows the bound deepening where production holds, so that the GPU runs what
 was queued while the job works on the host. TGS_BENCH_CONTROLLERS=fast (a comma list)

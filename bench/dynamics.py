@@ -108,6 +108,18 @@ def lowest_by_bound(job: Job, start: float, end: float, bounds: list[list], solo
     return lows
 
 
+@dataclass(frozen=True)
+class Ran:
+    """One phase as it ran: its span (monotonic), the production job it judges and that
+    job's twin (None: none), and the host's CPUs over it (`HostCpu.share`)."""
+    phase: Phase
+    start: float
+    end: float
+    job: Job | None
+    twin: Job | None
+    host: dict
+
+
 def phase_at(spans: list[tuple[float, float, Phase]], t: float) -> Phase:
     """The phase under way at monotonic time t (the last one's after the schedule)."""
     return next((ph for start, end, ph in spans if start <= t < end), spans[-1][2])
@@ -172,11 +184,13 @@ def run(echo: Echo = print, quick: bool = False, json_path: Path | None = None) 
                             twin_job.wait(2 * phase_s + 60)
                     else:
                         time.sleep(phase_s)
-                    phases.append((ph, start, time.monotonic(), job, twin_job, cpu.share(HostCpu.now())))
+                    phases.append(Ran(ph, start, time.monotonic(), job, twin_job, cpu.share(HostCpu.now())))
             opp.kill()
             opp.wait()
             out = []
-            for ph, start, end, job, twin_job, host in phases:
+            for ran in phases:
+                ph, start, end, job, twin_job = ran.phase, ran.start, ran.end, ran.job, ran.twin
+
                 def within(r: float, k: str = ph.solo) -> bool:  # production back within 3 % of solo
                     return r >= (1 - TOLERANCE) * solo[k]
 
@@ -184,7 +198,7 @@ def run(echo: Echo = print, quick: bool = False, json_path: Path | None = None) 
                        "production_s": settle(job, start, end, within) if ph.judged else None,
                        "opportunistic_s": settle(opp, start, end,
                                                  lambda r, i=ph.idle: r >= IDLE_SHARE * i * solo["opportunistic"]),
-                       "tgsd": trace.moves(start, end), "host_cpu": host}
+                       "tgsd": trace.moves(start, end), "host_cpu": ran.host}
                 row["production_lowest"] = lowest_by_bound(job, start, end, row["tgsd"]["inflight_max"],
                                                            solo[ph.solo]) if ph.judged else None
                 # judged as production; its lowest over the whole phase (one stretch: no bound of its own)
@@ -192,14 +206,14 @@ def run(echo: Echo = print, quick: bool = False, json_path: Path | None = None) 
                                "lowest": lowest_by_bound(twin_job, start, end, [[0.0, None]], solo[ph.solo])[0]
                                } if ph.judged and twin_job else None
                 out.append(row)
-            spans = [(start, end, ph) for ph, start, end, *_ in phases]
+            spans = [(ran.start, ran.end, ran.phase) for ran in phases]
 
             def segments(jobs):  # one per job, each report a part of the solo of the phase it came in
                 return [[(t - t0, r.iterations_per_s / solo[phase_at(spans, t).solo])
                          for t, r in zip(j.arrivals, j.reports) if not r.summary] for j in jobs if j]
 
-            series = {"production": segments(job for _, _, _, job, _, _ in phases),
-                      "twin": segments(twin_job for _, _, _, _, twin_job, _ in phases),
+            series = {"production": segments(ran.job for ran in phases),
+                      "twin": segments(ran.twin for ran in phases),
                       "opportunistic": [(t - t0, r.iterations_per_s / solo["opportunistic"])
                                         for t, r in zip(opp.arrivals, opp.reports) if not r.summary]}
             runs[controller] = {"phases": out, "series": series}

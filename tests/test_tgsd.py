@@ -114,10 +114,11 @@ def test_a_production_job_stopped_mid_iteration_leaves_the_gpu_to_opportunistic_
     # where the opportunistic job's launching thread spent the window, and how much of the
     # host's CPU time its hypervisor took meanwhile, said on failure
     waits, cpu = [d.container(opp.id)], HostCpu.now()
-    stopped = busy(simgpu, ["prod", "opp"], 2)
+    before, after = simgpu.snapshots(2)
+    stopped = sim.busy_between(before, after)
     waits.append(d.container(opp.id))
     host = cpu.share(HostCpu.now())
-    queued = {label: (c["queued"], c["kernels"]) for label, c in sim.contexts(simgpu.status()).items()}
+    queued = {label: (c["queued"], c["kernels"]) for label, c in sim.contexts(after).items()}
     p.popen.send_signal(signal.SIGCONT)
     time.sleep(1.5)
     again = busy(simgpu, ["prod", "opp"], 2)

@@ -17,6 +17,8 @@
  * TGS_MAX_FRAME bytes. A malformed or oversized frame closes that connection only.
  * All integers are little-endian; every struct is naturally aligned with no implicit
  * padding (checked by the test).
+ * Times (*_ns of a moment) are CLOCK_MONOTONIC in ns; libtgs.so's readings of it keep
+ * within a microsecond or so (libshim/src/clock.h).
  */
 #ifndef TGS_PROTO_H
 #define TGS_PROTO_H

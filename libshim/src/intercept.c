@@ -216,6 +216,8 @@ static void init_once(void) {
             tgs_fall_back("the CUDA driver could not be loaded");
         else
             tgs_control_open(); /* on failure it falls back, saying why */
+        tgs_clock_setup(NULL); /* reads /sys here rather than in a launch */
+        tgs_log(TGS_LOG_DEBUG, "its clock: %s", tgs_clock_source());
     }
     pthread_atfork(NULL, NULL, child_after_fork);
     __atomic_store_n(&g_tgs_inited, 1, __ATOMIC_RELEASE);

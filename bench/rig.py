@@ -10,7 +10,9 @@ followed for 120 s in 10 s windows: production against its true solo progress, a
 opportunistic work against what costs production exactly the tolerance ("allowed", at
 most the rig's 100,000). Falls of 10, 30 and 50 % over 0-60 s, rises of 10, 30 and 50 %
 over 0.1-30 s and waves of +-5-20 % with periods of 2-60 s, each at harm 0.01, 0.03 and
-0.1 (full rate costs production 2, 6 and 20 %) and lag 0, 0.3 and 0.6 s. Pure logic, no
+0.1 (full rate costs production 2, 6 and 20 %) and lag 0, 0.3 and 0.6 s. Production's shim
+marks an iteration start every 0.1 s, so tgsd times its progress from them, as it times a
+job's that synchronises each iteration. Pure logic, no
 GPU and no processes: the same figures on any machine, for changes of the controller
 side by side with the code before."""
 from __future__ import annotations
@@ -24,7 +26,7 @@ from typing import Callable
 
 from bench.common import Echo, Outputs, machine, table
 from tgs_runtime.config import ControlConfig
-from tgs_runtime.daemon.controllers import UNLIMITED, FastController, Overlap, Sample
+from tgs_runtime.daemon.controllers import UNLIMITED, FastController, Mark, Overlap, Sample
 
 DT = 0.1
 
@@ -39,7 +41,8 @@ class Rig:
     keeps it busy, and a deeper one gains it nothing)."""
 
     def __init__(self, ctl, solo=50_000.0, harm=0.0, capacity=100_000.0, lag_s=0.0, queue_harm=0.0,
-                 overlap: float | None = None, deep_harm=0.0, beside=0.0, deep_slow=0.0, queue_need=0):
+                 overlap: float | None = None, deep_harm=0.0, beside=0.0, deep_slow=0.0, queue_need=0,
+                 marked=False):
         self.ctl, self.solo, self.harm, self.capacity, self.t = ctl, solo, harm, capacity, 0.0
         self.queue_harm = queue_harm
         self.deep_harm = deep_harm  # the fraction of its progress lost with more than four kernels in flight
@@ -55,6 +58,7 @@ class Rig:
         self.processes = frozenset({1})  # production's processes, as tgsd tells them
         self.queued = collections.deque([capacity] * round(lag_s / DT))  # opportunistic work still to hurt
         self.produced = 0.0  # production's blocks so far
+        self.marked = marked  # production's shim marks an iteration start every DT (tgsd times its progress)
 
     def run(self, seconds, production=True, opportunistic=True):
         for _ in range(round(seconds / DT)):
@@ -76,8 +80,9 @@ class Rig:
             if self.overlap is not None and production and opportunistic:
                 lost = 1 - prod / self.solo
                 seen = Overlap(0.5 * DT, 0.5 * DT, (self.overlap * lost + self.beside) * DT)
+            marks = (Mark("production", self.t, int(self.produced)),) if self.marked and production else ()
             self.budget = self.ctl.step(Sample(self.t, DT, int(prod * DT), int(opp * DT), production, opportunistic,
-                                               production_processes=self.processes, overlap=seen))
+                                               marks, production_processes=self.processes, overlap=seen))
         return self.budget
 
 
@@ -120,7 +125,7 @@ def settled(harm: float, lag_s: float = 0.0) -> Rig:
     """A rig sharing with a settled bound (no deeper trials): production measured alone at
     SOLO, opportunistic work beside it for 50 s without harm; from now on each opportunistic
     block costs production `harm` blocks, `lag_s` late."""
-    r = Rig(FastController(ControlConfig(inflight_deepest=2)), solo=SOLO, lag_s=lag_s)
+    r = Rig(FastController(ControlConfig(inflight_deepest=2)), solo=SOLO, lag_s=lag_s, marked=True)
     r.run(2, opportunistic=False)
     r.run(50)
     r.harm = harm

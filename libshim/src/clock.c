@@ -26,7 +26,6 @@ static const char *const source_words[] = {
     [NOT_X86] = "clock_gettime (no TSC on this architecture)",
 };
 static int g_source = UNSET;
-static uint64_t g_tsc0, g_ns0; /* the first pair: ticks are measured from it */
 static uint64_t g_fp;           /* ns per tick so far, 32.32 fixed point (0: not measured) */
 static pthread_once_t g_once = PTHREAD_ONCE_INIT;
 static const char *g_asked; /* tgs_clock_setup's name */
@@ -38,6 +37,8 @@ static uint64_t mono_ns(void) {
 }
 
 #if defined(__x86_64__)
+static uint64_t g_tsc0, g_ns0; /* the first pair: ticks are measured from it */
+
 /* A (TSC, CLOCK_MONOTONIC) pair read close together (the TSC at the middle); 0 where
  * none was in four tries (the thread was preempted or interrupted each time). */
 static int pair(uint64_t *tsc, uint64_t *ns) {
@@ -51,6 +52,13 @@ static int pair(uint64_t *tsc, uint64_t *ns) {
         }
     }
     return 0;
+}
+
+/* The anchor's reading at `tsc`; 0 where it has none, or far from its span (2^32 ticks:
+ * the product stays within 64 bits). */
+static uint64_t scaled(const struct tgs_clock_anchor *at, uint64_t tsc) {
+    uint64_t d = tsc - at->tsc;
+    return at->fp && d < (1ull << 32) ? at->ns + ((d * at->fp) >> 32) : 0;
 }
 #endif
 
@@ -90,13 +98,6 @@ const char *tgs_clock_source(void) {
     return s == TSC && !__atomic_load_n(&g_fp, __ATOMIC_RELAXED)
                ? "tsc (clock_gettime for a millisecond, while its ticks are measured)"
                : source_words[s];
-}
-
-/* The anchor's reading at `tsc`; 0 where it has none, or far from its span (2^32 ticks:
- * the product stays within 64 bits). */
-static uint64_t scaled(const struct tgs_clock_anchor *at, uint64_t tsc) {
-    uint64_t d = tsc - at->tsc;
-    return at->fp && d < (1ull << 32) ? at->ns + ((d * at->fp) >> 32) : 0;
 }
 
 uint64_t tgs_clock_anchor(void) {

@@ -17,7 +17,8 @@ its pace).
 Under callgrind the bounded mode closes its batches sooner than at full speed: simgpu
 times a zero-length kernel by the wall clock, which valgrind slows, so the kernels read
 15-40 us instead of 0.3-0.4 and a quarter of the bound's work is reached in 6-17 launches
-instead of 32. Target: <= 100 ns added."""
+instead of 32; and the shim's clock is clock_gettime there (no TSC and clock_gettime pair
+is read within 170 ns: docs/shim.md, the clock). Target: <= 100 ns added."""
 from __future__ import annotations
 
 import json

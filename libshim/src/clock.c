@@ -16,12 +16,13 @@ __thread struct tgs_clock_anchor tgs_clock_at __attribute__((tls_model("initial-
 #define JUMP_NS 1000000ull           /* scaled time this far from CLOCK_MONOTONIC: the TSC jumped */
 #define FP_ONE 4294967296.0
 
-enum source { UNSET, TSC, NOT_TSC, NO_SYS, JUMPED, NOT_X86 };
+enum source { UNSET, TSC, NOT_TSC, NO_SYS, NO_PAIR, JUMPED, NOT_X86 };
 static const char *const source_words[] = {
     [UNSET] = "clock_gettime (not set up yet)",
     [TSC] = "tsc",
     [NOT_TSC] = "clock_gettime (the kernel's clocksource is not the TSC)",
     [NO_SYS] = "clock_gettime (the kernel's clocksource could not be read)",
+    [NO_PAIR] = "clock_gettime (the TSC and clock_gettime could not be read within 170 ns of each other: under valgrind, say)",
     [JUMPED] = "clock_gettime (the TSC jumped against CLOCK_MONOTONIC)",
     [NOT_X86] = "clock_gettime (no TSC on this architecture)",
 };
@@ -80,7 +81,7 @@ static int source(void) {
     }
     if (strcmp(name, "tsc") != 0)
         return NOT_TSC;
-    return pair(&g_tsc0, &g_ns0) ? TSC : NO_SYS;
+    return pair(&g_tsc0, &g_ns0) ? TSC : NO_PAIR;
 #else
     return NOT_X86;
 #endif

@@ -38,10 +38,12 @@ TGS_CLOCK_HIDDEN void tgs_clock_setup(const char *clocksource);
 
 static inline uint64_t tgs_now(void) {
 #if defined(__x86_64__)
-    uint64_t d = __rdtsc() - tgs_clock_at.tsc;
-    if (__builtin_expect(tgs_clock_at.fp && d < TGS_CLOCK_SPAN, 1)) {
-        uint64_t t = tgs_clock_at.ns + ((d * tgs_clock_at.fp) >> 32), floor = tgs_clock_at.floor;
-        return t > floor ? t : floor;
+    if (__builtin_expect(tgs_clock_at.fp != 0, 1)) { /* no TSC read where it is not scaled */
+        uint64_t d = __rdtsc() - tgs_clock_at.tsc;
+        if (__builtin_expect(d < TGS_CLOCK_SPAN, 1)) {
+            uint64_t t = tgs_clock_at.ns + ((d * tgs_clock_at.fp) >> 32), floor = tgs_clock_at.floor;
+            return t > floor ? t : floor;
+        }
     }
 #endif
     return tgs_clock_anchor();

@@ -269,8 +269,7 @@ class FastController:
         self.changed_at = float("-inf")
         self.decided_at = float("-inf")
         self.profile_from = 0.0
-        self.profile_extended = False  # the profile under way was extended once (`_fading`)
-        self.profile_first = 0.0  # ... and its first part's figure
+        self.profile_first: float | None = None  # the profile under way was extended: its first part's figure
         self.violations = 0
         self.violation_p = 0.0  # P when the current run of violations began
         self.purpose = Purpose.MEASURE  # of the profile under way
@@ -355,7 +354,7 @@ class FastController:
             self.follow_sign = way
         self.follow_at = None  # this profile measures the load now
         self.profile_from = t
-        self.profile_extended = False
+        self.profile_first = None
         self.profiled_at = t
         self._change(t, f"{why}: profiling production alone", Phase.PROFILE)
 
@@ -451,7 +450,7 @@ class FastController:
         work hurting production 0.6 s late, the cases whose production averaged under 0.94
         of its solo progress went from 12 to 3 of the 135 at that lag (the periodic profile
         after a rise of 30 % hidden by harm read 60,000 blocks/s for 65,000)."""
-        if self.profile_extended or covered <= 0:
+        if self.profile_first is not None or covered <= 0:
             return None
         whole, late = self.window.timed_rate(since), self.window.timed_rate(t - covered / 2)
         if whole is None or late is None or late <= (1 + self.cfg.tolerance) * whole:
@@ -552,12 +551,11 @@ class FastController:
             if t - self.profile_from + s.dt > self.cfg.profile_s + 1e-9:
                 fading = self._fading(t, since, covered)
                 if fading:
-                    self.profile_extended = True
                     self.profile_first = p
                     self.profile_from = t
                     self._change(t, fading, Phase.PROFILE)
                     return self._budget()
-                if self.profile_extended:
+                if self.profile_first is not None:
                     p = max(p, self.profile_first)
                 if self.purpose is Purpose.CHECK and s.opportunistic:
                     self._checked(t, p, covered)

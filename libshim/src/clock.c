@@ -1,8 +1,9 @@
-/* libtgs.so's clock (clock.h): anchors, and the TSC's ns per tick. */
+/* libtgs.so's clock (clock.h): anchors, the TSC's ns per tick, the coarse clock and sleeping. */
 #include "glibc_compat.h"
 
 #include "clock.h"
 
+#include <errno.h>
 #include <fcntl.h>
 #include <pthread.h>
 #include <string.h>
@@ -31,10 +32,20 @@ static uint64_t g_fp;           /* ns per tick so far, 32.32 fixed point (0: not
 static pthread_once_t g_once = PTHREAD_ONCE_INIT;
 static const char *g_asked; /* tgs_clock_setup's name */
 
-static uint64_t mono_ns(void) {
+static uint64_t ns_of(clockid_t clock) {
     struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
+    clock_gettime(clock, &ts);
     return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+static uint64_t mono_ns(void) { return ns_of(CLOCK_MONOTONIC); }
+
+uint64_t tgs_now_coarse(void) { return ns_of(CLOCK_MONOTONIC_COARSE); }
+
+void tgs_sleep_until(uint64_t t_ns) {
+    struct timespec ts = {.tv_sec = (time_t)(t_ns / 1000000000ull), .tv_nsec = (long)(t_ns % 1000000000ull)};
+    while (clock_nanosleep(CLOCK_MONOTONIC, TIMER_ABSTIME, &ts, NULL) == EINTR) {
+    }
 }
 
 #if defined(__x86_64__)

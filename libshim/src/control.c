@@ -11,7 +11,6 @@
 #include <string.h>
 #include <strings.h>
 #include <sys/mman.h>
-#include <time.h>
 #include <unistd.h>
 
 /* ---------- logging: stderr, warn and above unless TGS_LOG_LEVEL says otherwise ---------- */
@@ -53,21 +52,7 @@ void tgs_fall_back(const char *why) {
     }
 }
 
-/* ---------- time (tgs_now: clock.h; clock_gettime is the vDSO: no system call) ---------- */
-
-/* CLOCK_MONOTONIC to within its tick (a few milliseconds), for what needs no more: 6.5 ns
- * on an Intel Xeon VM, against 9 for tgs_now scaling the TSC and 22 for clock_gettime. */
-uint64_t tgs_now_coarse(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC_COARSE, &ts);
-    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
-}
-
-void tgs_sleep_until(uint64_t t_ns) {
-    struct timespec ts = {.tv_sec = (time_t)(t_ns / 1000000000ull), .tv_nsec = (long)(t_ns % 1000000000ull)};
-    while (clock_nanosleep(CLOCK_MONOTONIC, TIMER_ABSTIME, &ts, NULL) == EINTR) {
-    }
-}
+/* ---------- time (clock.h) ---------- */
 
 int tgs_heartbeat_age_ms(uint64_t now, uint64_t *age_ms) {
     uint64_t hb = g_tgs.daemon->heartbeat_ns;

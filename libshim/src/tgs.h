@@ -175,8 +175,6 @@ TGS_HIDDEN extern unsigned tgs_ctx_generation;
 /* Unchanged since a context was seen: that context still lives. */
 static inline unsigned tgs_context_generation(void) { return __atomic_load_n(&tgs_ctx_generation, __ATOMIC_RELAXED); }
 TGS_HIDDEN void tgs_format_uuid(const unsigned char b[16], char out[TGS_UUID_LEN]);
-TGS_HIDDEN uint64_t tgs_now_coarse(void); /* to within the clock's tick: for the heartbeat's age */
-TGS_HIDDEN void tgs_sleep_until(uint64_t t_ns);
 TGS_HIDDEN int tgs_heartbeat_age_ms(uint64_t now, uint64_t *age_ms); /* 1 when stale */
 TGS_HIDDEN void tgs_map_activity(struct tgs_gpu *g);
 TGS_HIDDEN void tgs_fall_back(const char *why); /* pass-through from now on, said once */

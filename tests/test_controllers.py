@@ -539,12 +539,15 @@ class Iterations(Rig):
     opportunistic work whatever its rate (the cost of waiting behind one opportunistic
     kernel), with the few percent of jitter a loaded CPU gives each period; the jobs start
     evenly out of step. A second's window then knows production's progress only to about
-    one iteration of each job, unless the shims mark iteration starts (`marks`)."""
+    one iteration of each job, unless the shims mark iteration starts (`marks`). With
+    `shared_full`, the cost grows with the opportunistic rate, from `shared` at the least
+    to `shared_full` at `capacity` (waiting behind a kernel, then behind more of them)."""
 
     def __init__(self, ctl, shared: float, seed: int, per_iteration: int = 1080, per_s: float = 50.0,
-                 marks: bool = False, jobs: int = 1):
+                 marks: bool = False, jobs: int = 1, shared_full: float | None = None):
         super().__init__(ctl, solo=jobs * per_s * per_iteration)
         self.shared, self.per_iteration, self.per_s, self.marks = shared, per_iteration, per_s, marks
+        self.shared_full = shared if shared_full is None else shared_full
         self.phases = [j / jobs for j in range(jobs)]  # iterations begun (iteration n begins at phase n)
         self.latest: list[Mark | None] = [None] * jobs  # each job's latest marked iteration start
         self.random = random.Random(seed)
@@ -555,16 +558,17 @@ class Iterations(Rig):
             self.t += DT
             rate = self.budget.rate if self.budget else UNLIMITED
             running = opportunistic and rate != 0
+            opp = 0.0 if not running else min(self.capacity, float(rate))
+            shared = self.shared + (self.shared_full - self.shared) * opp / self.capacity
             begun = 0
             for j, before in enumerate(self.phases):
-                self.phases[j] += self.per_s * DT * (self.shared if running else 1.0) * self.random.uniform(0.98, 1.02)
+                self.phases[j] += self.per_s * DT * (shared if running else 1.0) * self.random.uniform(0.98, 1.02)
                 n = int(self.phases[j])
                 begun += n - int(before)
                 if n > int(before) and self.marks:
                     t = self.t - DT + DT * (n - before) / (self.phases[j] - before)
                     self.latest[j] = Mark(f"prod{j}", t, n * self.per_iteration)
             marks = tuple(self.latest) if all(self.latest) else ()
-            opp = 0.0 if not running else min(self.capacity, float(rate))
             self.budget = self.ctl.step(Sample(self.t, DT, begun * self.per_iteration, int(opp * DT), production,
                                                opportunistic, marks))
             limited += self.budget.rate != UNLIMITED
@@ -647,6 +651,27 @@ def test_a_small_lasting_violation_is_still_cut_within_seconds():
         if r.run(DT):
             break
     assert r.budget.rate != UNLIMITED and (i + 1) * DT <= 5.0, "a lasting violation is acted on within 5 s"
+
+
+def test_harm_of_a_few_percent_that_two_cuts_do_not_mend_is_not_taken_for_production_s_own():
+    """Production 4 % slower beside any opportunistic work (waiting behind one long kernel),
+    10 % beside it at full rate: two cuts soon after a profile bring back less than the
+    noise. Taken as production's own load, its progress beside that work became the solo
+    figure, and the rate was ramped against it (the oversubscription benchmark: production
+    at 0.928 of exclusive, 0.96 of the profile taken as its figure); measured alone
+    instead, the figure stays production's."""
+    for seed in range(4):
+        r = Iterations(fast(), shared=0.96, shared_full=0.9, seed=seed)
+        r.run(2, opportunistic=False)
+        r.run(5)
+        before, lowest = sum(r.phases), r.budget.solo
+        for _ in range(round(60 / DT)):
+            r.run(DT)
+            lowest = min(lowest, r.budget.solo)
+        prod = (sum(r.phases) - before) / (60 * r.per_s)
+        # before, seeds 0 and 2: 0.945 of solo taken as the figure, production at 0.951 and 0.950
+        assert lowest >= 0.97 * r.solo, f"seed {seed}: took {lowest:.0f} blocks/s for production's solo {r.solo:.0f}"
+        assert prod >= 0.955, f"seed {seed}: production at {prod:.3f} of solo over 60 s"
 
 
 def harm_that_answers_late(harm: float, lag_s: float) -> Rig:

@@ -247,7 +247,8 @@ class FastController:
     CUT_MIN = 0.25     # ... and the least: a deeper fall is cut deeper (`_cut`)
     RAMP = 1.4         # multiplicative increase while production holds
     LOAD_CHANGE = 0.10 # production's own load moved by this much: profile again
-    ACCEPT_AFTER_PROFILE_S = 15.0  # cuts that do not help this soon after a profile: accept P
+    ACCEPT_AFTER_PROFILE_S = 15.0  # cuts that do not help this soon after a profile, far below: accept P
+    FAR_BELOW = 4      # tolerances: a fall deeper than this is more than waiting behind a kernel explains
     CHECK_PART = 0.1   # cuts down to this part of opportunistic work's rate leave production below: check S
     IDLE_S = 0.5       # production launched nothing this long: it is idle, opportunistic takes all
     TURNOVER_S = 1.0   # a production process started or ended: its load is judged this long after
@@ -480,6 +481,13 @@ class FastController:
             why = f"checked the solo figure: production alone at {p:,.0f} blocks/s; the load {found}"
         self._change(t, why, Phase.RUN)
 
+    def _far_below(self, p: float, solo: float) -> bool:
+        """Production's progress p is further below its solo figure than waiting behind an
+        opportunistic kernel explains (FAR_BELOW tolerances): easing the in-flight bound
+        alone will not bring it back, and two cuts that bring nothing of it back say more
+        than a measure's noise."""
+        return p < (1 - self.FAR_BELOW * self.cfg.tolerance) * solo
+
     def _cut(self, p: float, solo: float) -> float:
         """The part of the rate a cut keeps: 70 %, or tolerance / shortfall where production
         fell further (down to a quarter). Harm grows about in proportion to the
@@ -701,27 +709,37 @@ class FastController:
             # that production's own progress changed, against a large fall as against a few
             # percent (one was taken for proof against a large fall: production was held at
             # 0.88 of its solo progress in the oversubscription benchmark)
-            if self.cuts >= 2 and p <= self.violation_p * (1 + tol / 2):
-                # what was tried did not help: it is production's own progress that changed
-                if t - self.profiled_at > self.ACCEPT_AFTER_PROFILE_S:
-                    self._profile(t, f"two cuts brought nothing back ({self._of_solo(p)})", purpose=Purpose.FOLLOW,
-                                  way=-1)
-                else:  # just measured: take what production does now as its solo progress
-                    # and undo what was tried, the in-flight bound with the rate (on an H100,
-                    # every start of a PyTorch production job, whose warm-up its first profile
-                    # caught, left the opportunistic job at one kernel in flight for the 10 s
-                    # to the bound's retry)
-                    self.solo = p
-                    self.profiles = []
-                    self.violations = 0
-                    self.bound.restore()
-                    self.follow_at = t + self.FOLLOW_S  # taken beside opportunistic work, from a load that moved
-                    self._change(t, f"two cuts soon after a profile brought nothing back: production's own "
-                                 f"progress, {p:,.0f} blocks/s, is its solo figure, measured again in "
-                                 f"{self.FOLLOW_S:g} s", rate=self.rate_good)
+            fruitless = self.cuts >= 2 and p <= self.violation_p * (1 + tol / 2)
+            if fruitless and self._far_below(self.violation_p, solo) \
+                    and t - self.profiled_at <= self.ACCEPT_AFTER_PROFILE_S:
+                # just measured, and far below: take what production does now as its solo
+                # progress and undo what was tried, the in-flight bound with the rate (on an
+                # H100, every start of a PyTorch production job, whose warm-up its first
+                # profile caught, left the opportunistic job at one kernel in flight for the
+                # 10 s to the bound's retry)
+                self.solo = p
+                self.profiles = []
+                self.violations = 0
+                self.bound.restore()
+                self.follow_at = t + self.FOLLOW_S  # taken beside opportunistic work, from a load that moved
+                self._change(t, f"two cuts soon after a profile brought nothing back: production's own "
+                             f"progress, {p:,.0f} blocks/s, is its solo figure, measured again in "
+                             f"{self.FOLLOW_S:g} s", rate=self.rate_good)
+                return self._budget()
+            if fruitless:
+                # what was tried did not help: production's own progress changed, or harm
+                # that does not shrink with the rate (or not yet) is taken for it; measured
+                # alone. A fall within what waiting behind a kernel explains is measured
+                # however soon after a profile: two cuts bring back less of it than a
+                # measure's noise, and taken as production's own, progress beside
+                # opportunistic work became its figure (the oversubscription benchmark: 0.96
+                # of the profile, each time a run of violations began, with the rate ramped
+                # against it: production at 0.928 of exclusive)
+                self._profile(t, f"two cuts brought nothing back ({self._of_solo(p)})", purpose=Purpose.FOLLOW,
+                              way=-1)
                 return self._budget()
             if self.cuts and self.rate <= self.check_below:
-                # the cuts have helped (else the rule above) and left at most a tenth of the
+                # the cuts have helped (else the rules above) and left at most a tenth of the
                 # harm opportunistic work did, and production is still below: is the solo
                 # figure still production's? (one it can no longer reach starved
                 # opportunistic work for good: every cut helped a little, so none was taken
@@ -742,7 +760,7 @@ class FastController:
             harm = f"{self._of_solo(p)}; {not_own}" if self.violations == 1 else self._of_solo(p)
             if self.bound.ease(t):
                 self._change(t, f"{harm}: in-flight bound {self.bound.kernels}")
-                if trial_only or self.violation_p >= (1 - 4 * tol) * solo:
+                if trial_only or not self._far_below(self.violation_p, solo):
                     return self._budget()
             # far below (more than waiting behind a kernel can explain), or nothing left to
             # ease: cut the rate

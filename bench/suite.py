@@ -6,9 +6,9 @@ costs only its own time: past its share of the budget it is interrupted (SIGINT,
 its tgsd, jobs and dockerd are cleaned up), then killed. A benchmark runs full length when
 the time left allows it and the quick runs of those after it, else quick, else not at all;
 the table says which, how long each took and how it ended. tgsd logs are kept under
-bench/results/suite/logs (TGS_BENCH_LOGS); on a real GPU the benchmarks' tgsd caps unified
-memory at TGS_BENCH_BUDGET (default 24G), far below the card. TGS_SUITE=a,b picks
-benchmarks (in this order)."""
+bench/results/suite/logs, or in TGS_BENCH_LOGS where it is set; on a real GPU the
+benchmarks' tgsd caps unified memory at TGS_BENCH_BUDGET (default 24G), far below the
+card. TGS_SUITE=a,b picks benchmarks (in this order)."""
 from __future__ import annotations
 
 import importlib.util
@@ -106,7 +106,8 @@ def run(echo: Echo = print, quick: bool = False, json_path: Path | None = None) 
     here = RESULTS / "suite"
     logs = here / "logs"
     logs.mkdir(parents=True, exist_ok=True)
-    env = {**os.environ, "TGS_BENCH_LOGS": os.environ.get("TGS_BENCH_LOGS") or str(logs)}
+    kept = os.environ.get("TGS_BENCH_LOGS")  # where tgsd's logs go, if not with each benchmark's output in logs
+    env = {**os.environ, "TGS_BENCH_LOGS": kept or str(logs)}
     echo(f"suite on {gpu}: {', '.join(s.name for s in steps)} within {budget_s / 60:g} minutes")
     start = time.monotonic()
     rows, results = [], []
@@ -138,7 +139,7 @@ def run(echo: Echo = print, quick: bool = False, json_path: Path | None = None) 
     md = (f"### suite: every benchmark within {budget_s / 60:g} minutes ({gpu}, {result['machine']['date']}, "
           f"commit {result['machine']['commit']})\n\n"
           + table(["benchmark", "mode", "seconds", "outcome", "results"], rows)
-          + f"\n\nAll of it took {total:.0f} s. tgsd logs: bench/results/suite/logs/ (TGS_BENCH_LOGS)."
+          + f"\n\nAll of it took {total:.0f} s. tgsd logs: {kept or 'bench/results/suite/logs/'} (TGS_BENCH_LOGS)."
           + " The MPS baseline is a row of pytorch's table (where nvidia-cuda-mps-control exists).")
     Outputs("suite", json_path).write(result, md, echo)
     return result

@@ -733,8 +733,8 @@ class FastController:
                 # however soon after a profile: two cuts bring back less of it than a
                 # measure's noise, and taken as production's own, progress beside
                 # opportunistic work became its figure (the oversubscription benchmark: 0.96
-                # of the profile, each time a run of violations began, with the rate ramped
-                # against it: production at 0.928 of exclusive)
+                # of the profile, with the rate ramped against it: production at 0.928 of
+                # exclusive)
                 self._profile(t, f"two cuts brought nothing back ({self._of_solo(p)})", purpose=Purpose.FOLLOW,
                               way=-1)
                 return self._budget()

@@ -167,14 +167,17 @@ class Window:
         while self.items and self.items[0].t <= s.t - self.span:
             self.items.popleft()
 
+    def _after(self, since: float) -> list[Sample]:
+        """The samples whose period began at or after `since`."""
+        return [s for s in self.items if s.t - s.dt >= since - 1e-9]
+
     def rates(self, since: float = float("-inf")) -> tuple[float, float, float]:
         """(production blocks/s, opportunistic blocks/s, seconds covered) after `since`."""
         dt = p = o = 0.0
-        for s in self.items:
-            if s.t - s.dt >= since - 1e-9:
-                dt += s.dt
-                p += s.production_blocks
-                o += s.opportunistic_blocks
+        for s in self._after(since):
+            dt += s.dt
+            p += s.production_blocks
+            o += s.opportunistic_blocks
         if dt <= 0:
             return 0.0, 0.0, 0.0
         timed = self._timed(since, dt)
@@ -183,12 +186,12 @@ class Window:
     def timed_rate(self, since: float) -> float | None:
         """Production's blocks/s after `since`, timed from iteration start to iteration start;
         None where the stretch is counted instead (`_timed`)."""
-        covered = sum(s.dt for s in self.items if s.t - s.dt >= since - 1e-9)
+        covered = sum(s.dt for s in self._after(since))
         return self._timed(since, covered) if covered > 0 else None
 
     def overlap(self, since: float = float("-inf")) -> Overlap:
         """The samples' Overlap after `since`, summed, over the samples' length."""
-        seen = [s for s in self.items if s.t - s.dt >= since - 1e-9]
+        seen = self._after(since)
         return Overlap(sum(s.overlap.busy_s for s in seen), sum(s.overlap.gated_s for s in seen),
                        sum(s.overlap.overlap_s for s in seen), sum(s.dt for s in seen))
 

@@ -8,7 +8,7 @@
  * a launch about 9 ns against 22 for clock_gettime on an Intel Xeon VM (the vDSO orders
  * its TSC read with a fence and loops on the kernel's sequence count); an opportunistic
  * launch under the in-flight bound or anticipation reads it once.
- * Elsewhere, and until the ticks are measured (the process's first 10 ms), it is
+ * Elsewhere, and until the ticks are measured (the process's first millisecond), it is
  * clock_gettime. Scaled time stays within a microsecond or so of CLOCK_MONOTONIC (the
  * anchor's pair is read within a few hundred ns; the measured rate's error over a span);
  * each thread's readings never go back (a new anchor starts no lower than the old one's

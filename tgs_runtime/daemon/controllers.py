@@ -521,6 +521,173 @@ class FastController:
         violation: p is below (1 - tolerance) * solo, so the shortfall is above the tolerance."""
         return min(self.CUT, max(self.CUT_MIN, self.cfg.tolerance / (1 - p / solo)))
 
+    def _rose(self, t: float, p: float, solo: float, judged_from: float) -> bool:
+        """Production above its solo figure by LOAD_CHANGE: once it has been for half a second,
+        taken as its own load's, or profiled. Whether it acted."""
+        # production does clearly more than its solo figure: its own load grew (a fall
+        # shows up as a violation: `_fell`). Where the shims saw next to no opportunistic
+        # work beside it, sharing hides at most the part of each second production spent
+        # beside that work: that much above its progress is its solo figure, with no
+        # profile (two production jobs' bursts drawing apart, in the dynamics benchmark's
+        # pair phase, paused opportunistic work for a second each time, and a pause near
+        # the phase's end missed its 5 s); else it is measured alone and followed up, as a
+        # load that moved (a rise may go on through the profile it set off: in the
+        # controller rig, that profile's figure held for a minute, with the rest of a rise
+        # of half hidden behind the harm it took and production at 0.867 of its solo
+        # progress)
+        self.drift_since = self.drift_since if self.drift_since is not None else t
+        if t - self.drift_since >= 0.5:
+            self.drift_since = None
+            seen = self.window.overlap(judged_from)
+            not_own = self._not_own(p, solo, seen)
+            if not_own is None:
+                self.solo = self.own_figure = p * (1 + seen.per_s)
+                self.profiles, self.own_fall_from = [], None
+                self._change(t, f"production rose to {p:,.0f} blocks/s with {seen.per_s:.4f} s/s of "
+                             f"opportunistic work beside it: its own load, solo figure {self.solo:,.0f}")
+                return True
+            self.solo = p  # at least this much, until the profile says exactly
+            self._profile(t, f"production above its solo figure by {self.LOAD_CHANGE:.0%} for 0.5 s; {not_own}",
+                          purpose=Purpose.FOLLOW, way=1)
+            return True
+        return False
+
+    def _fell(self, t: float, p: float, o: float, solo: float, judged_from: float) -> None:
+        """A violation: production's progress p below (1 - tolerance) * solo over the window from
+        `judged_from`, opportunistic work at o blocks/s. Its own fall, or harm: answered below."""
+        tol = self.cfg.tolerance
+        seen = self.window.overlap(judged_from)
+        fallen_from = self._fallen_from(t, solo)
+        not_own = self._not_own(p, fallen_from, seen)
+        trial_only = not_own is None and self.bound.deeper
+        if trial_only:
+            # a deeper in-flight bound on trial is for opportunistic work alone: a fall
+            # under it is what the trial costs production, whatever the shims saw (in
+            # the dynamics benchmark a fall of 3 % 1.2 s into a trial of eight, with
+            # 0.005 s/s seen beside it, was taken as production's own: eight was kept
+            # for the phase's last 7 s, judged against a figure 3 % lower, and
+            # production's rolling 1 s throughput went down to 0.952 of solo under it,
+            # 0.970 under two and four before it). Ending the trial is all it calls
+            # for, however deep the fall: the fall is judged again under the bound
+            # production held (in the dynamics benchmark with the CPUs busy, two
+            # production jobs' bursts drawing together took the pair to 0.866 of its
+            # figure 2.4 s into a trial of four, with too little seen beside it to be
+            # harm; the rate was cut with the ease, and again, and opportunistic work
+            # never had 0.8 of the idle time in that phase)
+            not_own = f"under a trial of in-flight bound {self.bound.kernels}"
+        if (self.violations == 0 or self.cuts == 0) and not_own is None:
+            # production fell with next to no opportunistic work beside it: its own
+            # load changed (two jobs' bursts fell together; a PyTorch job's warm-up,
+            # which its first profile caught, ended). Its present progress is its solo
+            # progress; nothing is cut (two cuts that brought nothing back took 2.4 s
+            # to say so, with the in-flight bound at one meanwhile). Judged again while
+            # the run of violations has eased only the in-flight bound (which is then
+            # undone): a fall that comes over a second or two is marginal at first,
+            # where the bar (a quarter of the fall) is below the little the shims see
+            # beside production anyway, and the cuts that followed took 5-6 s to say so
+            if self.violations:
+                self.violations = 0
+                self.bound.restore()
+            self.own_fall_from = (fallen_from, t)
+            steps = f" (from {fallen_from:,.0f}, in steps)" if fallen_from != solo else ""
+            self.solo, self.profiles, self.own_figure = p, [], p
+            self._change(t, f"production fell to {p:,.0f} blocks/s{steps} with {seen.per_s:.4f} s/s of "
+                         "opportunistic work beside it: its own load, the new solo figure")
+            return
+        if self.violations == 0:
+            self.rate_good = self.rate
+            self.violation_p = p
+            self.cuts = 0
+            self.check_below = self.CHECK_PART * o
+        self.violations += 1
+        self.bound.unsettled()
+        # a cut brings back about the part of the harm it takes off the rate, and may
+        # not show within a second (work queued before it still runs: long kernels
+        # reading evicted memory over the bus): two cuts that bring back nothing say
+        # that production's own progress changed, against a large fall as against a few
+        # percent (one was taken for proof against a large fall: production was held at
+        # 0.88 of its solo progress in the oversubscription benchmark)
+        fruitless = self.cuts >= 2 and p <= self.violation_p * (1 + tol / 2)
+        if fruitless and self._far_below(self.violation_p, solo) \
+                and t - self.profiled_at <= self.ACCEPT_AFTER_PROFILE_S:
+            # just measured, and far below: take what production does now as its solo
+            # progress and undo what was tried, the in-flight bound with the rate (on an
+            # H100, every start of a PyTorch production job, whose warm-up its first
+            # profile caught, left the opportunistic job at one kernel in flight for the
+            # 10 s to the bound's retry)
+            self.solo = p
+            self.profiles = []
+            self.violations = 0
+            self.bound.restore()
+            self.follow_at = t + self.FOLLOW_S  # taken beside opportunistic work, from a load that moved
+            self._change(t, f"two cuts soon after a profile brought nothing back: production's own "
+                         f"progress, {p:,.0f} blocks/s, is its solo figure, measured again in "
+                         f"{self.FOLLOW_S:g} s", rate=self.rate_good)
+            return
+        if fruitless:
+            # what was tried did not help: production's own progress changed, or harm
+            # that does not shrink with the rate (or not yet) is taken for it; measured
+            # alone. A fall within what waiting behind a kernel explains is measured
+            # however soon after a profile: two cuts bring back less of it than a
+            # measure's noise, and taken as production's own, progress beside
+            # opportunistic work became its figure (the oversubscription benchmark: 0.96
+            # of the profile, with the rate ramped against it: production at 0.928 of
+            # exclusive)
+            self._profile(t, f"two cuts brought nothing back ({self._of_solo(p)})", purpose=Purpose.FOLLOW,
+                          way=-1)
+            return
+        if self.cuts and self.rate <= self.check_below:
+            # the cuts have helped (else the rules above) and left at most a tenth of the
+            # harm opportunistic work did, and production is still below: is the solo
+            # figure still production's? (one it can no longer reach starved
+            # opportunistic work for good: every cut helped a little, so none was taken
+            # as not helping; measured now, with little opportunistic work queued, the
+            # profile is not one it slows down). Checked again at each further tenth:
+            # a load that goes on falling after a check is below the figure the check
+            # left, and cuts that then start from a deep fall in the same run (its
+            # first violations) are each above the run's start, so none is taken as not
+            # helping (the controller rig, a fall of 10 % over 30 s beside work that
+            # cost production 20 % at full rate: after one check that averaged, cut to 1
+            # block/s for good, no cut taken as not helping and no periodic profile)
+            self.check_below = self.CHECK_PART * self.rate
+            self._profile(t, f"cuts to a tenth left {self._of_solo(p)}: is the figure still its own?",
+                          same_load=True, purpose=Purpose.CHECK)
+            return
+        # first, the in-flight bound: back from a deeper trial, else fewer kernels for
+        # production to wait behind
+        harm = f"{self._of_solo(p)}; {not_own}" if self.violations == 1 else self._of_solo(p)
+        if self.bound.ease(t):
+            self._change(t, f"{harm}: in-flight bound {self.bound.kernels}")
+            if trial_only or not self._far_below(self.violation_p, solo):
+                return
+        # far below (more than waiting behind a kernel can explain), or nothing left to
+        # ease: cut the rate
+        base = o if self.rate == UNLIMITED else min(float(self.rate), max(o, 1.0))
+        self._change(t, f"{harm}: rate cut", rate=max(int(base * self._cut(p, solo)), 1))
+        self.cuts += 1
+
+    def _held(self, t: float, o: float, long_o: float) -> None:
+        """Production holds: the rate ramps back (or goes where it is unused), else the in-flight
+        bound is tried (`InflightBound.holds`), and the periodic profile comes when due."""
+        self.violations = 0
+        if self.rate != UNLIMITED:
+            cap = max(2.0 * o, 1.0)
+            new = int(self.rate * self.RAMP) + 1
+            lift = new > cap and o < 0.5 * self.rate
+            self._change(t, "production holds: " + ("limit unused, lifted" if lift else "rate raised"),
+                         rate=UNLIMITED if lift else new)
+            self.rate_good = self.rate
+        else:
+            verdict = self.bound.holds(t, long_o)
+            if verdict.move is Move.TRIED:
+                self._change(t, f"production holds: in-flight bound {self.bound.kernels} tried")
+                return
+            if verdict.move is Move.BACK:
+                self._change(t, verdict.why)
+                return
+        if self.follow_at is None and t - self.profiled_at > self.reprofile_after:  # a follow-up is due anyway
+            self._profile(t, "periodic", same_load=True, purpose=Purpose.PERIODIC)
+
     def step(self, s: Sample) -> Budget:
         self.window.add(s)
         t = s.t
@@ -652,164 +819,15 @@ class FastController:
             if long_covered < self.CONFIRM_S:
                 return self._budget()
             p, judged_from = long_p, since
-        # production does clearly more than its solo figure: its own load grew (a fall
-        # shows up as a violation that cuts do not fix, below). Where the shims saw next to
-        # no opportunistic work beside it, sharing hides at most the part of each second
-        # production spent beside that work: that much above its progress is its solo
-        # figure, with no profile (two production jobs' bursts drawing apart, in the
-        # dynamics benchmark's pair phase, paused opportunistic work for a second each
-        # time, and a pause near the phase's end missed its 5 s); else it is measured alone
-        # and followed up, as a load that moved (a rise may go on through the profile it set
-        # off: in the controller rig, that profile's figure held for a minute, with the rest
-        # of a rise of half hidden behind the harm it took and production at 0.867 of its
-        # solo progress)
         if p > solo * (1 + self.LOAD_CHANGE):
-            self.drift_since = self.drift_since if self.drift_since is not None else t
-            if t - self.drift_since >= 0.5:
-                self.drift_since = None
-                seen = self.window.overlap(judged_from)
-                not_own = self._not_own(p, solo, seen)
-                if not_own is None:
-                    self.solo = self.own_figure = p * (1 + seen.per_s)
-                    self.profiles, self.own_fall_from = [], None
-                    self._change(t, f"production rose to {p:,.0f} blocks/s with {seen.per_s:.4f} s/s of "
-                                 f"opportunistic work beside it: its own load, solo figure {self.solo:,.0f}")
-                    return self._budget()
-                self.solo = p  # at least this much, until the profile says exactly
-                self._profile(t, f"production above its solo figure by {self.LOAD_CHANGE:.0%} for 0.5 s; {not_own}",
-                              purpose=Purpose.FOLLOW, way=1)
+            if self._rose(t, p, solo, judged_from):
                 return self._budget()
         else:
             self.drift_since = None
         if p < (1 - tol) * solo:
-            seen = self.window.overlap(judged_from)
-            fallen_from = self._fallen_from(t, solo)
-            not_own = self._not_own(p, fallen_from, seen)
-            trial_only = not_own is None and self.bound.deeper
-            if trial_only:
-                # a deeper in-flight bound on trial is for opportunistic work alone: a fall
-                # under it is what the trial costs production, whatever the shims saw (in
-                # the dynamics benchmark a fall of 3 % 1.2 s into a trial of eight, with
-                # 0.005 s/s seen beside it, was taken as production's own: eight was kept
-                # for the phase's last 7 s, judged against a figure 3 % lower, and
-                # production's rolling 1 s throughput went down to 0.952 of solo under it,
-                # 0.970 under two and four before it). Ending the trial is all it calls
-                # for, however deep the fall: the fall is judged again under the bound
-                # production held (in the dynamics benchmark with the CPUs busy, two
-                # production jobs' bursts drawing together took the pair to 0.866 of its
-                # figure 2.4 s into a trial of four, with too little seen beside it to be
-                # harm; the rate was cut with the ease, and again, and opportunistic work
-                # never had 0.8 of the idle time in that phase)
-                not_own = f"under a trial of in-flight bound {self.bound.kernels}"
-            if (self.violations == 0 or self.cuts == 0) and not_own is None:
-                # production fell with next to no opportunistic work beside it: its own
-                # load changed (two jobs' bursts fell together; a PyTorch job's warm-up,
-                # which its first profile caught, ended). Its present progress is its solo
-                # progress; nothing is cut (two cuts that brought nothing back took 2.4 s
-                # to say so, with the in-flight bound at one meanwhile). Judged again while
-                # the run of violations has eased only the in-flight bound (which is then
-                # undone): a fall that comes over a second or two is marginal at first,
-                # where the bar (a quarter of the fall) is below the little the shims see
-                # beside production anyway, and the cuts that followed took 5-6 s to say so
-                if self.violations:
-                    self.violations = 0
-                    self.bound.restore()
-                self.own_fall_from = (fallen_from, t)
-                steps = f" (from {fallen_from:,.0f}, in steps)" if fallen_from != solo else ""
-                self.solo, self.profiles, self.own_figure = p, [], p
-                self._change(t, f"production fell to {p:,.0f} blocks/s{steps} with {seen.per_s:.4f} s/s of "
-                             "opportunistic work beside it: its own load, the new solo figure")
-                return self._budget()
-            if self.violations == 0:
-                self.rate_good = self.rate
-                self.violation_p = p
-                self.cuts = 0
-                self.check_below = self.CHECK_PART * o
-            self.violations += 1
-            self.bound.unsettled()
-            # a cut brings back about the part of the harm it takes off the rate, and may
-            # not show within a second (work queued before it still runs: long kernels
-            # reading evicted memory over the bus): two cuts that bring back nothing say
-            # that production's own progress changed, against a large fall as against a few
-            # percent (one was taken for proof against a large fall: production was held at
-            # 0.88 of its solo progress in the oversubscription benchmark)
-            fruitless = self.cuts >= 2 and p <= self.violation_p * (1 + tol / 2)
-            if fruitless and self._far_below(self.violation_p, solo) \
-                    and t - self.profiled_at <= self.ACCEPT_AFTER_PROFILE_S:
-                # just measured, and far below: take what production does now as its solo
-                # progress and undo what was tried, the in-flight bound with the rate (on an
-                # H100, every start of a PyTorch production job, whose warm-up its first
-                # profile caught, left the opportunistic job at one kernel in flight for the
-                # 10 s to the bound's retry)
-                self.solo = p
-                self.profiles = []
-                self.violations = 0
-                self.bound.restore()
-                self.follow_at = t + self.FOLLOW_S  # taken beside opportunistic work, from a load that moved
-                self._change(t, f"two cuts soon after a profile brought nothing back: production's own "
-                             f"progress, {p:,.0f} blocks/s, is its solo figure, measured again in "
-                             f"{self.FOLLOW_S:g} s", rate=self.rate_good)
-                return self._budget()
-            if fruitless:
-                # what was tried did not help: production's own progress changed, or harm
-                # that does not shrink with the rate (or not yet) is taken for it; measured
-                # alone. A fall within what waiting behind a kernel explains is measured
-                # however soon after a profile: two cuts bring back less of it than a
-                # measure's noise, and taken as production's own, progress beside
-                # opportunistic work became its figure (the oversubscription benchmark: 0.96
-                # of the profile, with the rate ramped against it: production at 0.928 of
-                # exclusive)
-                self._profile(t, f"two cuts brought nothing back ({self._of_solo(p)})", purpose=Purpose.FOLLOW,
-                              way=-1)
-                return self._budget()
-            if self.cuts and self.rate <= self.check_below:
-                # the cuts have helped (else the rules above) and left at most a tenth of the
-                # harm opportunistic work did, and production is still below: is the solo
-                # figure still production's? (one it can no longer reach starved
-                # opportunistic work for good: every cut helped a little, so none was taken
-                # as not helping; measured now, with little opportunistic work queued, the
-                # profile is not one it slows down). Checked again at each further tenth:
-                # a load that goes on falling after a check is below the figure the check
-                # left, and cuts that then start from a deep fall in the same run (its
-                # first violations) are each above the run's start, so none is taken as not
-                # helping (the controller rig, a fall of 10 % over 30 s beside work that
-                # cost production 20 % at full rate: after one check that averaged, cut to 1
-                # block/s for good, no cut taken as not helping and no periodic profile)
-                self.check_below = self.CHECK_PART * self.rate
-                self._profile(t, f"cuts to a tenth left {self._of_solo(p)}: is the figure still its own?",
-                              same_load=True, purpose=Purpose.CHECK)
-                return self._budget()
-            # first, the in-flight bound: back from a deeper trial, else fewer kernels for
-            # production to wait behind
-            harm = f"{self._of_solo(p)}; {not_own}" if self.violations == 1 else self._of_solo(p)
-            if self.bound.ease(t):
-                self._change(t, f"{harm}: in-flight bound {self.bound.kernels}")
-                if trial_only or not self._far_below(self.violation_p, solo):
-                    return self._budget()
-            # far below (more than waiting behind a kernel can explain), or nothing left to
-            # ease: cut the rate
-            base = o if self.rate == UNLIMITED else min(float(self.rate), max(o, 1.0))
-            self._change(t, f"{harm}: rate cut", rate=max(int(base * self._cut(p, solo)), 1))
-            self.cuts += 1
+            self._fell(t, p, o, solo, judged_from)
         else:
-            self.violations = 0
-            if self.rate != UNLIMITED:
-                cap = max(2.0 * o, 1.0)
-                new = int(self.rate * self.RAMP) + 1
-                lift = new > cap and o < 0.5 * self.rate
-                self._change(t, "production holds: " + ("limit unused, lifted" if lift else "rate raised"),
-                             rate=UNLIMITED if lift else new)
-                self.rate_good = self.rate
-            else:
-                verdict = self.bound.holds(t, long_o)
-                if verdict.move is Move.TRIED:
-                    self._change(t, f"production holds: in-flight bound {self.bound.kernels} tried")
-                    return self._budget()
-                if verdict.move is Move.BACK:
-                    self._change(t, verdict.why)
-                    return self._budget()
-            if self.follow_at is None and t - self.profiled_at > self.reprofile_after:  # a follow-up is due anyway
-                self._profile(t, "periodic", same_load=True, purpose=Purpose.PERIODIC)
+            self._held(t, o, long_o)
         return self._budget()
 
 

@@ -149,6 +149,13 @@ class Budget:
     why: str = ""  # what the latest change of the budget answered (tgsd's decision log)
 
 
+@dataclass(frozen=True)
+class OwnFalls:
+    """A run of falls taken as production's own (`FastController._fallen_from`)."""
+    before: float  # the solo figure before the first of them
+    latest_at: float  # when the latest was taken
+
+
 class Window:
     """The samples of the last `span` seconds. Production's progress over a stretch is
     timed from iteration start to iteration start when the shims mark them: each
@@ -291,8 +298,7 @@ class FastController:
         self.processes: frozenset[int] = frozenset()  # production's, as of the last sample
         self.turnover_at: float | None = None  # a production process started or ended then: judge the load
         self.own_figure: float | None = None  # a solo figure taken from a change seen as production's own
-        # a run of falls taken as production's own: the figure before it, and when the latest was taken
-        self.own_fall_from: tuple[float, float] | None = None
+        self.own_falls: OwnFalls | None = None  # the run of falls taken as production's own, if any
         self.overlap_trusted = True  # no profile of this load has caught the overlap signal out
         self.why = self.FREE_WHY  # what the latest change answered (it starts free)
 
@@ -338,8 +344,8 @@ class FastController:
         own, the third, to 0.961 of that, with 0.0104 s/s seen beside it against a bar of
         0.0099, eased the in-flight bound to one kernel for the 10 s to its retry, and
         opportunistic work missed its 0.8 of the idle time by 10 s)."""
-        run = self.own_fall_from
-        return run[0] if run is not None and t - run[1] <= self.WINDOW_S + 1e-9 else solo
+        run = self.own_falls
+        return run.before if run is not None and t - run.latest_at <= self.WINDOW_S + 1e-9 else solo
 
     def _budget(self) -> Budget:
         """Without production on the GPU, opportunistic work has no limit at all: not even the
@@ -370,7 +376,7 @@ class FastController:
             self.own_figure, self.overlap_trusted = None, True
             if self.turnover_at is not None and t - self.turnover_at >= self.TURNOVER_S - 1e-9:
                 self.turnover_at = None  # the load after a turnover is measured now (sooner: its start)
-        self.own_fall_from = None  # a fall after it is judged from what it measures
+        self.own_falls = None  # a fall after it is judged from what it measures
         self.purpose = purpose
         if way:
             self.follow_sign = way
@@ -542,7 +548,7 @@ class FastController:
             not_own = self._not_own(p, solo, seen)
             if not_own is None:
                 self.solo = self.own_figure = p * (1 + seen.per_s)
-                self.profiles, self.own_fall_from = [], None
+                self.profiles, self.own_falls = [], None
                 self._change(t, f"production rose to {p:,.0f} blocks/s with {seen.per_s:.4f} s/s of "
                              f"opportunistic work beside it: its own load, solo figure {self.solo:,.0f}")
                 return True
@@ -588,7 +594,7 @@ class FastController:
             if self.violations:
                 self.violations = 0
                 self.bound.restore()
-            self.own_fall_from = (fallen_from, t)
+            self.own_falls = OwnFalls(fallen_from, t)
             steps = f" (from {fallen_from:,.0f}, in steps)" if fallen_from != solo else ""
             self.solo, self.profiles, self.own_figure = p, [], p
             self._change(t, f"production fell to {p:,.0f} blocks/s{steps} with {seen.per_s:.4f} s/s of "

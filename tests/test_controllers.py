@@ -795,6 +795,34 @@ def test_a_fall_of_production_s_own_taken_in_steps_is_judged_as_one_fall(over_s)
     assert any("in steps" in (b.why or "") for b in seen), "the step after the first was taken as production's own"
 
 
+@pytest.mark.parametrize("after_s", [0.0, 0.3])
+def test_a_fall_after_a_production_turnover_is_not_a_step_of_the_fall_before(after_s):
+    """Production's own load falls from 104,000 to 95,000 blocks/s, taken in steps as its
+    own; `after_s` later its job is followed by another of the same load, which
+    opportunistic work at full rate costs 6 %. The fall that harm makes within 3 s of the
+    last step is of the new job's load: judged from the figure before the steps (the old
+    job's), its bar was three times the harm's, the harm was taken as production's own
+    load, and for 29 s (to the periodic profile) opportunistic work ran against a figure
+    4 % low, with production at 0.937 of its solo progress."""
+    r = Rig(fast(), solo=104_000.0, overlap=0.5)
+    while r.run(DT).state != "run":
+        pass
+    r.run(3)
+    r.solo = 95_000.0
+    while not ("its own load" in r.run(DT).why and r.budget.solo < 95_500):
+        pass
+    r.run(after_s)
+    r.processes = frozenset({2})
+    r.run(1.05)  # the new job is judged a second after it starts: within its figure
+    r.harm = 0.06
+    before = r.produced
+    seen = [r.run(DT) for _ in range(round(30 / DT))]
+    low = next((b for b in seen if b.solo < 0.98 * 95_000), None)
+    assert low is None, low.why
+    prod = (r.produced - before) / 30
+    assert prod >= 0.95 * r.solo, f"production at {prod / r.solo:.3f} of its solo progress over 30 s"
+
+
 @pytest.mark.parametrize("overlap", [1.0, None])
 def test_a_rise_of_production_s_own_is_its_solo_figure_without_a_profile_where_the_shims_tell(overlap):
     """The bursts of two production jobs drawing apart: production does 16 % more than its

@@ -49,7 +49,8 @@ take turns at it (`take_turns`). Pure logic: no clocks, no I/O.
   quarter of the change (`Overlap`), a fall is taken as production's own at once, at any
   violation before the run's first cut (its start may be too small to tell) and not under a
   deeper in-flight trial (a fall there is the trial's cost), nothing cut (falls so taken
-  one within 3 s of another are one fall, judged from the figure before the first),
+  one within 3 s of another are one fall, judged from the figure before the first,
+  unless a profile or a production process starting or ending comes between),
   and a rise of 10 % likewise, raised by that overlap (what sharing may hide), unprofiled;
   a profile that finds production alone above such a figure by more than the tolerance
   ends that for the load. If
@@ -716,6 +717,7 @@ class FastController:
             # the change has settled (without processes production is idle, and its return
             # is profiled)
             self.turnover_at = t if self.processes else None
+            self.own_falls = None  # falls of the load before are not steps of a fall of the next
             if self.phase in (Phase.RUN, Phase.SOLO):
                 # nothing is judged in this period either: production is timed from the
                 # marks of the containers that still have processes, and the window so far

@@ -598,6 +598,7 @@ def test_tgsd_logs_key_value_on_a_terminal_and_json_to_the_journal(simgpu, tmp_p
         proc.terminate()
         proc.wait(10)
         os.close(master)
+        t.close()  # its state directory, under /tmp
     line = next(l for l in out.decode().splitlines() if "tgsd started" in l)
     if json_lines:
         assert json.loads(line)["event"] == "tgsd started", line

@@ -19,6 +19,17 @@ def fast(**kw):
     return FastController(ControlConfig(**kw))
 
 
+def run_until(r: Rig, done, within_s: float = 10.0):
+    """Runs the rig a period at a time until `done` holds for what its run returns (the
+    budget; `Iterations`: the periods limited); that. Fails the test where it takes over
+    `within_s`: a loop that waited for it unbounded would hang the run instead."""
+    for _ in range(round(within_s / DT)):
+        out = r.run(DT)
+        if done(out):
+            return out
+    pytest.fail(f"not within {within_s:g} s; the latest decision: {r.ctl.why}")
+
+
 def test_no_production_means_no_limit():
     r = Rig(fast())
     b = r.run(2, production=False)
@@ -112,10 +123,8 @@ def test_a_production_job_after_an_idle_spell_starts_from_no_limit():
     solo, r.solo = r.solo, 0.0
     r.run(2)
     r.solo, r.harm = solo, 0.0  # the next job: opportunistic work does not hurt it
-    while r.run(DT).state != "profile":
-        pass
-    while (b := r.run(DT)).state == "profile":
-        pass
+    run_until(r, lambda b: b.state == "profile")
+    b = run_until(r, lambda b: b.state != "profile")
     assert b.rate == UNLIMITED, "the limit the last job needed is not carried over"
     assert b.inflight == 2, "nor the in-flight bound it was cut to"
 
@@ -645,8 +654,7 @@ def test_timed_iterations_judge_jobs_of_few_iterations_a_second(jobs, counted_at
 def test_a_small_lasting_violation_is_still_cut_within_seconds():
     r = Iterations(fast(), shared=0.955, seed=1)  # 4.5 % slower: beyond the 3 % tolerance
     r.run(2, opportunistic=False)
-    while r.run(DT):  # the profile
-        pass
+    run_until(r, lambda limited: not limited)  # the profile
     for i in range(100):
         if r.run(DT):
             break
@@ -679,8 +687,7 @@ def harm_that_answers_late(harm: float, lag_s: float) -> Rig:
     per block, `lag_s` after it runs, and that much is already queued."""
     r = Rig(fast(), lag_s=lag_s)
     r.run(2, opportunistic=False)
-    while r.run(DT).state != "run":  # the profile
-        pass
+    run_until(r, lambda b: b.state == "run")  # the profile
     r.harm = harm
     r.queued = collections.deque([r.capacity] * len(r.queued))
     return r
@@ -719,8 +726,7 @@ def test_a_fall_of_production_s_own_undoes_the_in_flight_bound_with_the_rate():
     the in-flight bound both go back to where they were, not the rate alone (the bound,
     left at one, cost the opportunistic job until its retry 10 s later)."""
     r = Rig(fast(), solo=90_000.0)
-    while r.run(DT).state != "run":  # production's start is profiled
-        pass
+    run_until(r, lambda b: b.state == "run")  # production's start is profiled
     r.run(1)
     r.solo = 33_000.0  # the warm-up ends
     seen = []
@@ -738,8 +744,7 @@ def test_a_fall_with_no_opportunistic_work_beside_production_is_taken_at_once():
     violation, with nothing cut and the in-flight bound untouched (two cuts that bring
     nothing back took 2.4 s to say so)."""
     r = Rig(fast(), solo=90_000.0, overlap=1.0)
-    while r.run(DT).state != "run":
-        pass
+    run_until(r, lambda b: b.state == "run")
     r.run(1)
     r.solo = 33_000.0
     seen = [r.run(DT) for _ in range(round(2 / DT))]
@@ -753,8 +758,7 @@ def bursts_fall_together(start: float, end: float, over_s: float, beside: float,
     by opportunistic shims that see `beside` s/s of their work beside it anyway: the budgets
     of the `seconds` from the fall's start."""
     r = Rig(fast(), solo=start, overlap=1.0, beside=beside)
-    while r.run(DT).state != "run":
-        pass
+    run_until(r, lambda b: b.state == "run")
     r.run(3)
     seen = []
     for i in range(round(seconds / DT)):
@@ -806,12 +810,10 @@ def test_a_fall_after_a_production_turnover_is_not_a_step_of_the_fall_before(aft
     production's own load, and for 29 s (to the periodic profile) opportunistic work ran
     against a figure 4 % low, with production at 0.937 of its solo progress."""
     r = Rig(fast(), solo=104_000.0, overlap=0.5)
-    while r.run(DT).state != "run":
-        pass
+    run_until(r, lambda b: b.state == "run")
     r.run(3)
     r.solo = 95_000.0
-    taken = (r.run(DT) for _ in range(round(10 / DT)))
-    assert any("its own load" in b.why and b.solo < 95_500 for b in taken), "the fall was not taken as its own"
+    run_until(r, lambda b: "its own load" in b.why and b.solo < 95_500)  # the fall, taken in steps
     r.run(after_s)
     r.processes = frozenset({2})
     r.run(1.05)  # the new job is judged a second after it starts: within its figure
@@ -833,8 +835,7 @@ def test_a_rise_of_production_s_own_is_its_solo_figure_without_a_profile_where_t
     tell, production is profiled alone, as before (a second's pause, which near the end of
     the dynamics benchmark's pair phase missed its 5 s)."""
     r = Rig(fast(), solo=92_000.0, overlap=overlap, beside=0.005)
-    while r.run(DT).state != "run":
-        pass
+    run_until(r, lambda b: b.state == "run")
     r.run(3)
     r.solo = 107_000.0
     seen = [r.run(DT) for _ in range(round(3 / DT))]

@@ -488,18 +488,22 @@ def test_the_shims_count_what_sharing_does_to_production(simgpu, container, libs
     """Production counts the time it has unfinished work; an opportunistic job the time
     it waits behind it, and the part of that its own work still runs beside it, and its
     other waits by cause. Beside
-    1 ms kernels, which anticipation starts only where they end before production is due,
+    1.3 ms kernels, which anticipation starts only where they end before production is due,
     little runs beside production; kernels of 15 ms, too long for its 10 ms gaps, start
     in a gap and run into its next iteration (tgsd tells production's own falls from harm
     by this)."""
-    prod, opp, engine = overlap_beside(simgpu, container, libshim, GPU_BOUND, "short")
+    # 1.3 ms does not divide the gap, so each gap ends with a launch held back: kernels of
+    # 1 ms fit it exactly, and whether any was held back then depended on their alignment
+    # (no wait anticipating production in 2 of 10 runs of 2.5 s; 0.0099 s/s in CI failed)
+    short = dataclasses.replace(GPU_BOUND, kernel_us=1300)
+    prod, opp, engine = overlap_beside(simgpu, container, libshim, short, "short")
     assert engine * 0.9 <= prod["busy_ns"] <= 0.8, f"production busy {prod['busy_ns']:.2f} s/s, engine {engine:.2f}"
     assert opp["gated_ns"] >= 0.8 * prod["busy_ns"], f"waited {opp['gated_ns']:.2f} s/s behind {prod['busy_ns']:.2f}"
-    assert opp["overlap_ns"] <= 0.1 * prod["busy_ns"], f"1 ms kernels beside production {opp['overlap_ns']:.3f} s/s"
+    assert opp["overlap_ns"] <= 0.1 * prod["busy_ns"], f"1.3 ms kernels beside production {opp['overlap_ns']:.3f} s/s"
     # it also says what else it waited for: its own kernels in flight (bound 2) for much of
-    # production's idle half, and about the last kernel's length of each 10 ms gap held back
-    # as it would meet production's next launch (0.06 s/s here)
-    assert 0.1 <= opp["inflight"] <= 0.5 and 0.01 <= opp["anticipation"] <= 0.2 and opp["token"] == 0, opp
+    # production's idle half, and, at the end of each 10 ms gap, a launch held back as it
+    # would meet production's next one (0.26 and 0.15 s/s in eight runs)
+    assert 0.1 <= opp["inflight"] <= 0.5 and 0.05 <= opp["anticipation"] <= 0.25 and opp["token"] == 0, opp
     long_kernels = Workload(kernel_us=15000, kernels=20, seconds=8, report_s=0.5)
     prod, opp, _ = overlap_beside(simgpu, container, libshim, long_kernels, "long")
     assert opp["gated_ns"] >= 0.8 * prod["busy_ns"], f"waited {opp['gated_ns']:.2f} s/s behind {prod['busy_ns']:.2f}"

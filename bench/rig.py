@@ -38,7 +38,9 @@ class Rig:
     progress while it runs with more than one kernel in flight. An opportunistic job that
     needs `queue_need` kernels in flight to keep the GPU busy (host work between its
     launches) runs at bound / queue_need of its speed under a shallower bound (0: any bound
-    keeps it busy, and a deeper one gains it nothing)."""
+    keeps it busy, and a deeper one gains it nothing); a rate limit holds it to the rate
+    where that is lower (the two do not compound), and it harms production by what it
+    runs."""
 
     def __init__(self, ctl, solo=50_000.0, harm=0.0, capacity=100_000.0, lag_s=0.0, queue_harm=0.0,
                  overlap: float | None = None, deep_harm=0.0, beside=0.0, deep_slow=0.0, queue_need=0,
@@ -63,17 +65,22 @@ class Rig:
     def run(self, seconds, production=True, opportunistic=True):
         for _ in range(round(seconds / DT)):
             self.t += DT
-            rate = self.budget.rate if self.budget else UNLIMITED
-            opp = 0.0 if not opportunistic else min(self.capacity, float(rate))
+            b = self.budget
+            rate = b.rate if b else UNLIMITED
+            speed = self.capacity if opportunistic else 0.0  # what the job runs at under its in-flight bound
+            if b and 0 < b.inflight < self.queue_need:
+                speed *= b.inflight / self.queue_need
+            deep = b is not None and (b.inflight > 4 or b.inflight == 0)
+            if deep:
+                speed *= 1 - self.deep_slow
+            opp = min(speed, float(rate))  # the rate limit or the bound, whichever holds it back more
             self.queued.append(opp)
-            prod = max(0.0, self.solo - self.harm * self.queued.popleft()) if production else 0.0
-            if opp and self.budget and self.budget.inflight != 1:
+            hurts = self.queued.popleft()  # what ran lag_s ago (without production too: the lag stays lag_s)
+            prod = max(0.0, self.solo - self.harm * hurts) if production else 0.0
+            if opp and b and b.inflight != 1:
                 prod *= 1 - self.queue_harm
-            if opp and self.budget and 0 < self.budget.inflight < self.queue_need:
-                opp *= self.budget.inflight / self.queue_need
-            if opp and self.budget and (self.budget.inflight > 4 or self.budget.inflight == 0):
+            if opp and deep:
                 prod *= 1 - self.deep_harm
-                opp *= 1 - self.deep_slow
             self.opportunistic_done += opp * DT
             self.produced += prod * DT
             seen = Overlap()

@@ -959,19 +959,13 @@ def _observe(state: ShareState, claimants: list[Claimant]) -> None:
         del state.underuse[gone]
 
 
-def _light_demand(achieved: float) -> float:
-    """What a container known to use less than its share could use: twice what it uses
-    (until it uses three quarters of that, LIGHT_STAYS)."""
-    return achieved * 2.0 + 1.0
-
-
 def _demand_of(state: ShareState):
     """What a container could use: unlimited, unless it has used less than half of what it
-    was given for a second (then `_light_demand`): a newcomer or a ramping job is never
-    judged on its first moments."""
+    was given for a second (then twice what it uses, until it uses three quarters of
+    that): a newcomer or a ramping job is never judged on its first moments."""
     def demand(c: Claimant) -> float:
         if state.needs_less(c.id):
-            return _light_demand(c.achieved)
+            return c.achieved * 2.0 + 1.0
         return float("inf")
     return demand
 
@@ -1063,8 +1057,7 @@ TURN_S = 0.2      # a turn lasts at least this long before the next container ma
 OWED_MAX_S = 1.0  # no container is owed (or owes) more than this
 
 
-def take_turns(state: ShareState, shares: dict[str, int], total: int, dt: float,
-               achieved: dict[str, float]) -> dict[str, int]:
+def take_turns(state: ShareState, shares: dict[str, int], total: int, dt: float) -> dict[str, int]:
     """While production is on the GPU, opportunistic containers launch in turns: one at a
     time, with the GPU's budget, so that production waits behind at most one container's
     in-flight bound however many there are (each container's own bound is per process:
@@ -1073,14 +1066,11 @@ def take_turns(state: ShareState, shares: dict[str, int], total: int, dt: float,
     turn time in proportion to its share (deficit round robin), so over a few turns the
     split is the policy's. A container known to use less than its share (see
     `_demand_of`) takes no turns: it launches beside the holder at its share, which turns
-    would otherwise shrink to nothing, or at `_light_demand` of what it `achieved`
-    (blocks/s) where its share is unlimited (taking turns as one, a container using 2 % of
-    the GPU held it a third of the time beside two GPU-bound ones, which waited
-    meanwhile: the GPU ran at 0.67 of what it can, tests/test_controllers.py). Returns the rates to write: the budget left after those for the holder, 0
-    for the others waiting; `shares` unchanged when fewer than two take turns."""
+    would otherwise shrink to nothing. Returns the rates to write: the budget left after
+    those for the holder, 0 for the others waiting; `shares` unchanged when fewer than
+    two take turns."""
     t = state.turn
-    light = {k: v if v != UNLIMITED else int(_light_demand(achieved[k]))
-             for k, v in shares.items() if state.needs_less(k)}
+    light = {k for k, v in shares.items() if state.needs_less(k) and v != UNLIMITED}
     weight = {k: (state.peak or 1.0) if v == UNLIMITED else float(v) for k, v in shares.items()
               if v > 0 and k not in light}
     for gone in set(t.owed) - set(weight):
@@ -1100,5 +1090,5 @@ def take_turns(state: ShareState, shares: dict[str, int], total: int, dt: float,
     if t.holder not in weight or (t.held_s >= TURN_S - 1e-9 and t.owed[most] > t.owed[t.holder]):
         t.holder, t.held_s = most, 0.0
     t.paused = set(weight) - {t.holder}
-    rest = total if total == UNLIMITED else max(total - sum(light.values()), 1)
-    return {k: rest if k == t.holder else 0 if k in t.paused else light.get(k, v) for k, v in shares.items()}
+    rest = total if total == UNLIMITED else max(total - sum(shares[k] for k in light), 1)
+    return {k: rest if k == t.holder else 0 if k in t.paused else v for k, v in shares.items()}

@@ -620,7 +620,7 @@ class Daemon:
                    "inflight": budget.inflight, "gate": gate, "overlap": budget.overlap, "decided": decided}
         # behind production, one container launches at a time; without production, all at once
         if gate:
-            turns = take_turns(st.share, rates, budget.rate, dt, {c.id: c.achieved for c in claimants})
+            turns = take_turns(st.share, rates, budget.rate, dt)
         else:
             st.share.turn, turns = Turn(), rates
         for c, slot in opp:

@@ -84,7 +84,7 @@ class Rig:
             self.opportunistic_done += opp * DT
             self.produced += prod * DT
             seen = Overlap()
-            if self.overlap is not None and production and opportunistic:
+            if self.overlap is not None and production and opportunistic and self.solo:  # (solo 0: idle)
                 lost = 1 - prod / self.solo
                 seen = Overlap(0.5 * DT, 0.5 * DT, (self.overlap * lost + self.beside) * DT)
             marks = (Mark("production", self.t, int(self.produced)),) if self.marked and production else ()

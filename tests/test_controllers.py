@@ -1005,7 +1005,7 @@ def test_in_random_runs_tgsd_never_gets_stuck(seed):
                 t = k * DT
                 production = not (st.event is Event.GONE and 1 <= t < 3)
                 opportunistic = not (st.event is Event.OPPORTUNISTIC_GONE and 1 <= t < 3)
-                r.solo = 1e-9 if st.event is Event.IDLE and 1 <= t < 2.5 else st.solo
+                r.solo = 0.0 if st.event is Event.IDLE and 1 <= t < 2.5 else st.solo
                 p0, o0 = r.produced, r.opportunistic_done
                 b = r.run(DT, production=production, opportunistic=opportunistic)
                 assert production or (b.rate, b.inflight, b.gate) == (UNLIMITED, 0, False), f"{where}: {b}"

@@ -975,7 +975,7 @@ class Stretch:
 def random_run(seed: int) -> list[Stretch]:
     rnd = random.Random(seed)
     return [Stretch(rnd.choice([10, 30, 40]), rnd.uniform(20_000, 80_000), rnd.choice([0.0, 0.0, 0.003, 0.01, 0.03, 0.1]),
-                    rnd.choice([None, 1.0]), rnd.choice([Event.NONE, *Event]),
+                    rnd.choice([None, 1.0]), rnd.choice([Event.NONE, *Event]),  # (no event: twice as likely)
                     rnd.random() < 0.3) for _ in range(8)]
 
 
@@ -1012,9 +1012,8 @@ def test_in_random_runs_tgsd_never_gets_stuck(seed):
                 profiling = profiling + DT if b.state == "profile" else 0.0
                 assert profiling <= 2 * cfg.profile_s + 0.25, f"{where}: profiling for {profiling:.1f} s"
                 assert b.rate or b.state == "profile", f"{where}: paused in state {b.state}: {b.why}"
-                idle_s = t - 1 + DT  # into production's idle spell
-                assert not (st.event is Event.IDLE and 1.0 <= idle_s < 1.5 and b.state == "run") or b.rate == UNLIMITED, \
-                    f"{where}: production idle for {idle_s:.1f} s, opportunistic rate {b.rate}"
+                if st.event is Event.IDLE and 2.0 <= t + DT < 2.5 and b.state == "run":  # a second into the spell
+                    assert b.rate == UNLIMITED, f"{where}: production idle for {t + DT - 1:.1f} s, rate {b.rate}"
                 if t >= st.seconds - 15:
                     produced, done = produced + r.produced - p0, done + r.opportunistic_done - o0
             if st.seconds >= 30 and st.event is Event.NONE:

@@ -277,12 +277,16 @@ class Lab:
         self.settings = None if sim.real_gpu() else sim.SimSettings(state=self.dir / "simgpu.state", memory=memory)
         self.jobs: list[Job] = []
         self.tgsd: ChildTgsd | None = None
-        if self.settings:
-            self.settings.create()
-        if tgsd is not None:
-            base = merge(own_config(self.settings, os.environ.get("TGS_BENCH_BUDGET", "24G")),
-                         {"daemon": {"log": "json", "log_level": "debug"}})
-            self.tgsd = ChildTgsd(merge(base, tgsd), self.dir / "tgs.toml", self.dir / "tgsd.log").start()
+        try:
+            if self.settings:
+                self.settings.create()
+            if tgsd is not None:
+                base = merge(own_config(self.settings, os.environ.get("TGS_BENCH_BUDGET", "24G")),
+                             {"daemon": {"log": "json", "log_level": "debug"}})
+                self.tgsd = ChildTgsd(merge(base, tgsd), self.dir / "tgs.toml", self.dir / "tgsd.log").start()
+        except BaseException:
+            self.close()  # a lab that cannot start leaves nothing behind
+            raise
 
     def __enter__(self) -> "Lab":
         return self

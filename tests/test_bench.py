@@ -196,6 +196,24 @@ def test_the_shims_log_level_is_checked_before_anything_runs_and_their_logs_are_
     assert any(p.name.startswith("tgsd-") for p in tmp_path.iterdir())
 
 
+def test_a_lab_that_cannot_start_leaves_nothing_behind(tmp_path, monkeypatch):
+    """A benchmark whose simulated GPU cannot be made (here the C parts are not where
+    TGS_LIBSHIM_BUILD says) fails saying so, and leaves no lab folder in /tmp (one per
+    such run was left)."""
+    import tempfile
+
+    from bench.lab import Lab
+    from tgs_runtime import sim
+    from tgs_runtime.paths import MissingArtifact
+
+    monkeypatch.setattr(sim, "real_gpu", lambda: False)  # (on a GPU machine too: the simulated one)
+    monkeypatch.setenv("TGS_LIBSHIM_BUILD", str(tmp_path / "nothing-built"))
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    with pytest.raises(MissingArtifact, match="tgs-workload is missing"):
+        Lab(tgsd={})
+    assert not [p.name for p in tmp_path.iterdir() if p.name.startswith("tgs-lab-")]
+
+
 def test_the_dynamics_plot_draws_one_controller_as_well_as_two():
     from bench.dynamics import plot
 

@@ -553,6 +553,18 @@ def test_malformed_config_refuses_to_start(tmp_path):
     assert "control.controller = 'slowest': expected one of 'fast', 'tgs-paper'" in proc.stderr
 
 
+def test_a_tgsd_of_our_own_that_cannot_start_leaves_no_state_behind(tmp_path):
+    """The demo's and the benchmarks' own tgsd (`ChildTgsd`): where it exits before it
+    answers, the error carries its log, and its state directory under /tmp is gone (it was
+    left, one per failed start)."""
+    from tgs_runtime.childd import ChildTgsd
+
+    d = ChildTgsd({"control": {"controller": "slowest"}}, tmp_path / "tgs.toml", tmp_path / "tgsd.log")
+    with pytest.raises(RuntimeError, match="control.controller = 'slowest'"):
+        d.start()
+    assert not d.state_dir.exists()
+
+
 @pytest.mark.parametrize("address", ["path", "abstract"])
 def test_tgsd_tells_systemd_when_it_is_ready_and_when_it_stops(tgsd, tmp_path, monkeypatch, address):
     """The unit is Type=notify: without READY=1, `systemctl start tgsd` waits, then kills it."""

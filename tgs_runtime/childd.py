@@ -90,6 +90,8 @@ class ChildTgsd:
         self.inits: list[subprocess.Popen] = []
 
     def start(self, timeout: float = 20) -> "ChildTgsd":
+        """Starts tgsd and waits until it answers; where it does not, stops it and removes
+        its state directory before raising (the log stays, for the error to point at)."""
         env = {k: v for k, v in os.environ.items() if not k.startswith(("SIMGPU_", "TGS_"))}
         self._log = open(self.log_path, "a")
         self.proc = subprocess.Popen([sys.executable, "-m", "tgs_runtime.daemon.main", "--config", str(self.config)],
@@ -97,13 +99,22 @@ class ChildTgsd:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
+                self._abandon()
                 raise RuntimeError(f"tgsd exited with {self.proc.returncode}:\n{self.log_path.read_text()[-3000:]}")
             try:
                 self.admin.status()
                 return self
             except DaemonUnavailable:
                 time.sleep(0.05)
+        self._abandon()
         raise TimeoutError(f"tgsd did not answer in {timeout}s:\n{self.log_path.read_text()[-3000:]}")
+
+    def _abandon(self) -> None:
+        """A start that failed: tgsd killed where it still runs, the state directory removed."""
+        if self.proc and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+        self.close()
 
     def register(self, cls: str, gpus: list[str] | None = None, cid: str | None = None,
                  convert: bool | None = None) -> ProcessContainer:

@@ -121,7 +121,8 @@ class ChildTgsd:
         """Reserves and attaches a container of plain processes (`reserve`, then `attach`)."""
         cid = cid or f"{cls[:4]}{len(self.inits) + 1}"
         reply = self.admin.reserve(cid, cls, gpus or ["0"], convert)
-        init = subprocess.Popen(["sleep", "86400"])
+        init = subprocess.Popen(["sleep", "86400"], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                stderr=subprocess.DEVNULL)  # holds no pipe of ours open
         self.inits.append(init)
         self.admin.attach(cid, init.pid)
         return ProcessContainer(cid, cls, Path(reply["dir"]), init)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import re
+import signal
 import subprocess
 import sys
 
@@ -28,6 +29,41 @@ def test_demo_shows_tgs_protecting_production(libshim):
     assert tgs_prod > co_prod, "TGS protects production better than no control"
     assert tgs_opp >= 0.2, f"the opportunistic job got {tgs_opp} of its exclusive throughput"
     assert "With TGS, production kept" in text
+
+
+def test_a_demo_ended_with_sigterm_stops_its_tgsd_and_leaves_nothing_behind(libshim, tmp_path):
+    """`timeout`, systemd and `docker stop` end a command with SIGTERM. Sent in the TGS
+    phase, every process the demo started (its own tgsd, the containers' stand-in inits,
+    the jobs) is stopped, and tgsd's state directory and the demo's folder are removed
+    (ended outright, the demo left its tgsd and two inits running)."""
+    import psutil
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("TGS_", "SIMGPU_"))}
+    stderr = tmp_path / "stderr.txt"  # a file: a process left behind would hold a pipe open
+    demo = subprocess.Popen([sys.executable, "-m", "tgs_runtime", "demo", "--seconds", "4", "--via", "processes"],
+                            cwd=REPO_ROOT, env=env, stdout=subprocess.PIPE, stderr=stderr.open("w"), text=True)
+    started: list[psutil.Process] = []
+    try:
+        for line in demo.stdout:  # the TGS phase has begun once its jobs report
+            if re.match(r"\s*TGS\s+(production|opportunistic)\s+\d", line):
+                break
+        started = psutil.Process(demo.pid).children(recursive=True)
+        tgsd = [p for p in started if "tgs_runtime.daemon.main" in " ".join(p.cmdline())]
+        assert len(tgsd) == 1, "the demo runs a tgsd of its own"
+        config = tgsd[0].cmdline()[-1]
+        state_dir = re.search(r'state_dir = "([^"]+)"', open(config).read()).group(1)
+        demo.send_signal(signal.SIGTERM)
+        assert demo.wait(60) == 128 + signal.SIGTERM, stderr.read_text()[-3000:]
+        _, alive = psutil.wait_procs(started, timeout=5)
+        assert not alive, f"left running: {[p.cmdline() for p in alive]}"
+    finally:
+        demo.kill()
+        for p in started:  # what a failure left
+            try:
+                p.kill()
+            except psutil.NoSuchProcess:
+                pass
+    assert not os.path.exists(state_dir) and not os.path.exists(os.path.dirname(config))
 
 
 def test_demo_through_docker_with_the_tgs_runtime(docker):

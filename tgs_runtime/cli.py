@@ -1,6 +1,8 @@
 """`tgs`: the operator CLI."""
 from __future__ import annotations
 
+import signal
+
 import click
 
 from tgs_runtime import __version__
@@ -21,5 +23,14 @@ for module in (bench, demo, doctor, setup, sim, status, workload):
     module.register(cli)
 
 
+def _terminated(signum: int, _frame) -> None:
+    raise SystemExit(128 + signum)
+
+
 def main() -> None:
+    # `timeout`, systemd and `docker stop` end a command with SIGTERM: it unwinds as Ctrl-C
+    # does, so that what it started (the demo's or a benchmark's own tgsd, its jobs, a
+    # private dockerd) is stopped and its folders removed; killed outright, the demo left
+    # its tgsd running with its state under /tmp
+    signal.signal(signal.SIGTERM, _terminated)
     cli(prog_name="tgs")

@@ -73,9 +73,21 @@ def _interruptible() -> None:
     signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
+def _interrupt(p: subprocess.Popen) -> None:
+    """Interrupts a benchmark's process group (SIGINT, so that its tgsd, jobs and dockerd
+    are cleaned up); killed after GRACE_S."""
+    os.killpg(p.pid, signal.SIGINT)
+    try:
+        p.wait(timeout=GRACE_S)
+    except subprocess.TimeoutExpired:
+        os.killpg(p.pid, signal.SIGKILL)
+        p.wait()
+
+
 def run_step(argv: list[str], limit_s: float, env: dict[str, str], log: Path) -> tuple[str, float]:
     """Runs one benchmark's process, its output into `log`; returns how it ended and how
-    long it took."""
+    long it took. Where the suite itself is interrupted meanwhile (Ctrl-C, SIGTERM), so is
+    the benchmark, before the suite goes: in a session of its own, it went on alone."""
     env = {**env, "PYTHONUNBUFFERED": "1"}  # its last line is then the last it said
     t0 = time.monotonic()
     with open(log, "w") as out:
@@ -84,13 +96,11 @@ def run_step(argv: list[str], limit_s: float, env: dict[str, str], log: Path) ->
         try:
             rc = p.wait(timeout=max(limit_s, 1))
         except subprocess.TimeoutExpired:
-            os.killpg(p.pid, signal.SIGINT)
-            try:
-                p.wait(timeout=GRACE_S)
-            except subprocess.TimeoutExpired:
-                os.killpg(p.pid, signal.SIGKILL)
-                p.wait()
+            _interrupt(p)
             return f"timed out after {limit_s:.0f} s (interrupted; see {log.name})", time.monotonic() - t0
+        except BaseException:
+            _interrupt(p)
+            raise
     took = time.monotonic() - t0
     if rc == 0:
         return "ok", took

@@ -6,6 +6,7 @@ from __future__ import annotations
 import importlib
 import inspect
 import json
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -135,6 +136,37 @@ def test_the_suite_interrupts_a_benchmark_past_its_time_and_reports_failures(tmp
     assert "cleaned up" in log.read_text(), "interrupted with SIGINT, so that it can clean up"
     outcome, _ = run_step([sys.executable, "-c", "import sys; print('first'); sys.exit('what went wrong')"], 30, {}, log)
     assert outcome == "failed (exit 1): what went wrong"
+
+
+def test_a_suite_that_is_ended_ends_the_benchmark_it_runs(tmp_path):
+    """`tgs bench suite` ended with SIGTERM (or Ctrl-C) while a benchmark runs: the
+    benchmark, in a session of its own, is interrupted with SIGINT (so that it cleans up)
+    before the suite goes; it went on alone."""
+    import signal
+
+    import psutil
+
+    from tgs_runtime.paths import REPO_ROOT
+
+    pidfile, log = tmp_path / "pid", tmp_path / "step.txt"
+    hang = [sys.executable, "-c", f"import os, time\nopen({str(pidfile)!r}, 'w').write(str(os.getpid()))\n"
+            "try:\n    time.sleep(120)\nexcept KeyboardInterrupt:\n    print('cleaned up')"]
+    suite = subprocess.Popen([sys.executable, "-c", "import signal, sys\nfrom tgs_runtime.cli import _terminated\n"
+                              "signal.signal(signal.SIGTERM, _terminated)\nfrom bench.suite import run_step\n"
+                              f"run_step({hang!r}, 600, {{}}, __import__('pathlib').Path({str(log)!r}))"], cwd=REPO_ROOT)
+    deadline = time.monotonic() + 30
+    while not (pidfile.exists() and pidfile.read_text()) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    benchmark = psutil.Process(int(pidfile.read_text()))
+    suite.send_signal(signal.SIGTERM)
+    try:
+        assert suite.wait(60) == 128 + signal.SIGTERM
+        assert not benchmark.is_running(), "the benchmark went on alone"
+        assert "cleaned up" in log.read_text(), "interrupted with SIGINT, so that it can clean up"
+    finally:
+        suite.kill()
+        if benchmark.is_running():
+            benchmark.kill()
 
 
 def test_the_suite_fits_its_budget_and_says_what_it_left_out(tmp_path, monkeypatch):

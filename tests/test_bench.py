@@ -141,7 +141,8 @@ def test_the_suite_interrupts_a_benchmark_past_its_time_and_reports_failures(tmp
 def test_a_suite_that_is_ended_ends_the_benchmark_it_runs(tmp_path):
     """`tgs bench suite` ended with SIGTERM (or Ctrl-C) while a benchmark runs: the
     benchmark, in a session of its own, is interrupted with SIGINT (so that it cleans up)
-    before the suite goes; it went on alone."""
+    before the suite goes; it went on alone. (The suite here is `run_step` in a process
+    set up as `tgs` sets itself up for SIGTERM.)"""
     import signal
 
     import psutil
@@ -151,8 +152,8 @@ def test_a_suite_that_is_ended_ends_the_benchmark_it_runs(tmp_path):
     pidfile, log = tmp_path / "pid", tmp_path / "step.txt"
     hang = [sys.executable, "-c", f"import os, time\nopen({str(pidfile)!r}, 'w').write(str(os.getpid()))\n"
             "try:\n    time.sleep(120)\nexcept KeyboardInterrupt:\n    print('cleaned up')"]
-    suite = subprocess.Popen([sys.executable, "-c", "import signal, sys\nfrom tgs_runtime.cli import _terminated\n"
-                              "signal.signal(signal.SIGTERM, _terminated)\nfrom bench.suite import run_step\n"
+    suite = subprocess.Popen([sys.executable, "-c", "from tgs_runtime.cli import unwind_on_sigterm\nunwind_on_sigterm()\n"
+                              "from bench.suite import run_step\n"
                               f"run_step({hang!r}, 600, {{}}, __import__('pathlib').Path({str(log)!r}))"], cwd=REPO_ROOT)
     deadline = time.monotonic() + 30
     while not (pidfile.exists() and pidfile.read_text()) and time.monotonic() < deadline:

@@ -27,10 +27,14 @@ def _terminated(signum: int, _frame) -> None:
     raise SystemExit(128 + signum)
 
 
-def main() -> None:
-    # `timeout`, systemd and `docker stop` end a command with SIGTERM: it unwinds as Ctrl-C
-    # does, so that what it started (the demo's or a benchmark's own tgsd, its jobs, a
-    # private dockerd) is stopped and its folders removed; killed outright, the demo left
-    # its tgsd running with its state under /tmp
+def unwind_on_sigterm() -> None:
+    """`timeout`, systemd and `docker stop` end a command with SIGTERM: from now on it
+    unwinds as Ctrl-C does (exit 143), so that what the command started (the demo's or a
+    benchmark's own tgsd, its jobs, a private dockerd) is stopped and its folders removed;
+    killed outright, the demo left its tgsd running with its state under /tmp."""
     signal.signal(signal.SIGTERM, _terminated)
+
+
+def main() -> None:
+    unwind_on_sigterm()
     cli(prog_name="tgs")

@@ -490,6 +490,28 @@ def test_a_production_turnover_that_lightens_its_load_is_measured_again_within_s
     assert low == UNLIMITED, f"opportunistic work was cut to {low} blocks/s"
 
 
+@pytest.mark.parametrize("offset", [-0.5, -0.15, 0.1], ids=["follow-up due 0.5 s after", "0.15 s after",
+                                                          "under way"])
+def test_a_turnover_that_a_follow_up_profile_measures_starts_the_new_load_from_no_limit(offset):
+    """Two production jobs whose load fell while opportunistic work did them harm: the rate
+    was cut, and a follow-up profile is due. One job ends just before it, or as it runs,
+    and the profile measures the other alone. The turnover is judged against the pair's
+    figure, so the lighter load starts afresh, as any new load does: before, the rate went
+    back to where the pair's cuts had left it and ramped for seconds (on simgpu with both
+    CPUs busy: 0.114 and 0.175 of the engine over the 10 s after the job ended)."""
+    r = settled(0.05)  # full rate costs the pair 10 %
+    r.processes = frozenset({1, 2})
+    load_moves(r, 8, 45_000.0)
+    run_until(r, lambda b: r.ctl.follow_at is not None, 20)
+    r.run(r.ctl.follow_at + offset - r.t)
+    assert r.budget.rate < 0.2 * r.capacity, f"the pair's cuts left the rate at {r.budget.rate}: {r.ctl.why}"
+    r.processes = frozenset({1})
+    r.solo, r.harm = 27_000.0, 0.005  # full rate costs the one left 1.9 %
+    r.run(2)
+    opp = opportunistic_over(r, 10)
+    assert opp >= 0.8 * r.capacity, f"opportunistic work ran at {opp:,.0f} blocks/s of {r.capacity:,.0f}: {r.ctl.why}"
+
+
 @pytest.mark.parametrize("offset", range(5), ids=lambda k: f"{k / 10:.1f}s")
 def test_nothing_is_judged_in_the_period_a_production_process_ends(offset):
     """Two production jobs, each in a container of its own, mark their iterations; one

@@ -298,6 +298,7 @@ class FastController:
         self.idle = False  # production attached but launching nothing
         self.processes: frozenset[int] = frozenset()  # production's, as of the last sample
         self.turnover_at: float | None = None  # a production process started or ended then: judge the load
+        self.turnover_from: float | None = None  # ... against the solo figure before it (None: the figure now)
         self.own_figure: float | None = None  # a solo figure taken from a change seen as production's own
         self.own_falls: OwnFalls | None = None  # the run of falls taken as production's own, if any
         self.overlap_trusted = True  # no profile of this load has caught the overlap signal out
@@ -375,6 +376,7 @@ class FastController:
             self._unfollow()  # a new load
             self.bound.restore()
             self.own_figure, self.overlap_trusted = None, True
+            self.turnover_from = None  # a load after a turnover is judged against what this measures
             if self.turnover_at is not None and t - self.turnover_at >= self.TURNOVER_S - 1e-9:
                 self.turnover_at = None  # the load after a turnover is measured now (sooner: its start)
         self.own_falls = None  # a fall after it is judged from what it measures
@@ -716,6 +718,8 @@ class FastController:
             # production's load may have changed with no idle moment to say so: judged once
             # the change has settled (without processes production is idle, and its return
             # is profiled)
+            if self.turnover_at is None:  # a run of turnovers is judged against the figure before the first
+                self.turnover_from = self.solo
             self.turnover_at = t if self.processes else None
             self.own_falls = None  # falls of the load before are not steps of a fall of the next
             if self.phase in (Phase.RUN, Phase.SOLO):
@@ -799,14 +803,21 @@ class FastController:
         if self.turnover_at is not None and t - self.turnover_at >= self.TURNOVER_S - 1e-9 \
                 and covered >= self.TURNOVER_S / 2:
             # a second after a production process started or ended: progress outside what
-            # the solo figure allows says the load changed (one of two production jobs
-            # ended, or a lighter or heavier job took over); measured alone at once, before
-            # cuts aimed at the old figure (or none where it grew) set the rate
+            # the solo figure before it allows says the load changed (one of two production
+            # jobs ended, or a lighter or heavier job took over); measured alone at once,
+            # before cuts aimed at the old figure (or none where it grew) set the rate. The
+            # figure before, not the one now: a profile of the same load that came
+            # meanwhile (a follow-up due as the process ended, or under way) measured the
+            # new load and went back to the rate the old one held, and opportunistic work
+            # ramped from it for seconds (both CPUs busy: cuts against the pair's noise left
+            # it 7,475 blocks/s after one of two production jobs ended, 0.114 and 0.175 of
+            # the engine over the next 10 s)
             self.turnover_at = None
-            solo = self.solo or 0.0
+            solo = self.turnover_from if self.turnover_from is not None else self.solo or 0.0
             if not (1 - self.cfg.tolerance) * solo <= p <= (1 + self.LOAD_CHANGE) * solo:
                 self.rate_good = UNLIMITED  # a new load starts afresh, as after an idle spell
-                self._profile(t, f"a second after a production process started or ended, {self._of_solo(p)}")
+                of = f"production at {p / solo:.3f} of the solo figure before it" if solo else self._of_solo(p)
+                self._profile(t, f"a second after a production process started or ended, {of}")
                 return self._budget()
         if self.follow_at is not None and t >= self.follow_at - 1e-9:
             self._profile(t, "the solo figure was taken while production's load moved", same_load=True,

@@ -1062,7 +1062,8 @@ def test_the_paper_controller_is_slow_and_stepwise():
 
 
 def claimants(*specs):
-    return [Claimant(cid, attained, achieved, budget, i) for i, (cid, attained, achieved, budget) in enumerate(specs)]
+    """Claimants from (id, attained, achieved, budget[, bound_wait]) tuples, in arrival order."""
+    return [Claimant(*spec[:4], i, *spec[4:]) for i, spec in enumerate(specs)]
 
 
 def test_fair_splits_equally_and_hands_on_what_is_unused():
@@ -1181,6 +1182,55 @@ def test_a_container_that_needs_little_launches_beside_the_turns_and_gets_what_i
     used, together = run(25.0)
     assert all(0.25 <= used[k] / sum(used.values()) <= 0.42 for k in need), used
     assert together == 0
+
+
+@pytest.mark.parametrize("policy", [Share.FAIR, Share.LAS])
+def test_behind_production_a_container_whose_kernels_never_pile_up_takes_no_turns_where_the_rate_is_unlimited(policy):
+    """Behind production busy half the time, tgsd setting no rate limit (most of the time
+    production holds): the shares are unlimited. Two GPU-bound containers wait at the
+    in-flight bound while they hold the turn, and get half of the GPU's peak (production
+    has the rest); a light one (2,000 blocks/s of a GPU that runs 100,000) never waits at
+    the bound: it launches beside the turns, and the GPU-bound ones take turns between
+    them. Taking turns as an unlimited share, it held the GPU a third of the time (fair;
+    most of it under las, which leads with it) using 2 % of it; judged by their blocks
+    against the GPU's peak, the GPU-bound ones were taken to need little and launched
+    together. Once the light one's kernels pile up, it takes turns again."""
+    st, gpu, need = ShareState(), 100_000.0, {"a": 10**9, "b": 10**9, "light": 2_000}
+    achieved, share = {k: 0.0 for k in need}, {k: UNLIMITED for k in need}
+    waited = {k: 0.0 for k in need}  # s/s at the in-flight bound, smoothed
+
+    def run(seconds):
+        nonlocal share
+        used, together, paused_light = collections.Counter(), 0, 0
+        for i in range(round(seconds / DT)):
+            attained = {"a": 10**6, "b": 10**6, "light": 0}
+            share = split(policy, UNLIMITED, claimants(*[(k, attained[k], achieved[k], share[k], waited[k])
+                                                         for k in need]), st, 0.05, bounded=True)
+            rates = take_turns(st, share, UNLIMITED, DT)
+            light = min(rates["light"], need["light"], gpu / 2)  # beside a holder: at most half
+            for k in need:
+                ran = light if k == "light" else min(rates[k], gpu - light)
+                achieved[k] = 0.7 * achieved[k] + 0.3 * ran / 2  # production has the GPU half the time
+                bound = 0.3 if ran and need[k] > gpu else 0.0  # a GPU-bound one's kernels pile up
+                waited[k] = 0.7 * waited[k] + 0.3 * bound
+                if i >= 30:
+                    used[k] += achieved[k] * DT
+            together += rates["a"] > 0 and rates["b"] > 0
+            paused_light += i >= 30 and rates["light"] == 0
+        return used, together, paused_light
+
+    used, together, paused_light = run(23.0)
+    assert paused_light == 0, f"the light one waited for turns {paused_light} periods of 200"
+    assert used["light"] >= 0.9 * 1_000 * 20, used
+    assert sum(used.values()) >= 0.95 * gpu / 2 * 20, f"the GPU ran at {sum(used.values()) / (gpu / 2 * 20):.2f} of what it can"
+    if policy is Share.FAIR:
+        assert 0.4 <= used["a"] / (used["a"] + used["b"]) <= 0.6, used
+    assert together == 0, "the GPU-bound ones never launch at once"
+    need["light"] = 10**9  # it turns GPU-bound: within a second it takes its turns
+    run(1.0)
+    used, together, _ = run(10.0)
+    assert together == 0 and all(used[k] > 0 for k in need), used
+    assert not any(st.needs_less(k) for k in need)
 
 
 def test_turns_need_two_claimants_and_forget_those_that_left():

@@ -336,6 +336,42 @@ def test_behind_production_opportunistic_containers_take_turns(simgpu, tgsd, lib
     assert min(opp) >= 0.15 * sum(opp), f"each takes its turns: {opp}"
 
 
+def test_an_opportunistic_container_that_needs_little_takes_no_turns_beside_production(simgpu, tgsd, libshim):
+    """Beside production (busy half the time), a GPU-bound opportunistic container and one
+    that keeps the GPU busy 5 % of the time alone, tgsd's rate unlimited: the light one's
+    kernels never pile up at the in-flight bound, so once that is known it launches beside
+    the turns, and the GPU-bound one has the rest of production's idle time. Taking turns,
+    the light one held the GPU half the time and left it idle meanwhile: the GPU-bound one
+    ran 0.48 of the idle time (0.81-0.83 now)."""
+    d = tgsd('[control]\nshare = "fair"\n')
+    prod, hog, light = d.register("production"), d.register("opportunistic"), d.register("opportunistic")
+    long = {"seconds": 30}  # outlive the wait and the windows
+    jobs = [simgpu.workload(dataclasses.replace(HALF, **long), "prod", prod.env(libshim.shim)),
+            simgpu.workload(dataclasses.replace(HOG, **long), "hog", hog.env(libshim.shim)),
+            simgpu.workload(Workload.with_duty(0.05, period_ms=20, kernels=2, report_s=0.5, **long), "light",
+                            light.env(libshim.shim))]
+    simgpu.wait_for_contexts(["prod", "hog", "light"])
+    deadline, no_turn = time.monotonic() + 10, 0
+    while no_turn < 10 and time.monotonic() < deadline:  # known to need little: launching for 1 s
+        no_turn = no_turn + 1 if d.container(light.id)["budget_blocks_per_s"] != 0 else 0
+        time.sleep(0.1)
+    deadline = time.monotonic() + 12
+    while True:  # 3 s without a profile (as in the test of turns above)
+        before, profiled = simgpu.status(), False
+        for _ in range(30):
+            profiled |= d.status()["gpus"][0]["controller"]["state"] == "profile"
+            time.sleep(0.1)
+        got = sim.busy_between(before, simgpu.status())
+        if not profiled or time.monotonic() > deadline:
+            break
+    for x in jobs:
+        x.kill()
+    idle = 3.0 - got["prod"]
+    assert got["light"] >= 0.05, f"the light one ran {got['light']:.3f} s of 3 s"
+    assert got["hog"] >= 0.7 * idle, (f"the GPU-bound one ran {got['hog']:.2f} s of production's {idle:.2f} s idle "
+                                      f"(the light one {'still' if no_turn < 10 else 'no longer'} taking turns)")
+
+
 def test_memory_oversubscription_protects_production(simgpu, tgsd, libshim):
     simgpu.memory = "2G"
     d = tgsd()

@@ -19,16 +19,19 @@ from tgs_runtime.daemon.residency import Move, Range
 @dataclass(frozen=True)
 class Tally:
     """A container's counters on one GPU that tgsd takes per control period: the blocks it
-    launched, and what tells sharing's harm from production's own change (tgs_proto.h,
-    busy_ns, gated_ns, overlap_ns)."""
+    launched, what tells sharing's harm from production's own change (tgs_proto.h,
+    busy_ns, gated_ns, overlap_ns), and how long its launching threads waited for their own
+    kernels at the in-flight bound (the shim part's inflight_wait_ns: all its GPUs
+    together), which tells a container the GPU holds back from one that needs little."""
     blocks: int = 0
     busy_ns: int = 0
     gated_ns: int = 0
     overlap_ns: int = 0
+    inflight_wait_ns: int = 0
 
     @classmethod
-    def of(cls, ctr: proto.GpuCounters) -> Tally:
-        return cls(ctr.blocks, ctr.busy_ns, ctr.gated_ns, ctr.overlap_ns)
+    def of(cls, ctr: proto.GpuCounters, shim: proto.ShimPart) -> Tally:
+        return cls(ctr.blocks, ctr.busy_ns, ctr.gated_ns, ctr.overlap_ns, shim.inflight_wait_ns)
 
     def since(self, earlier: Tally) -> Tally:
         """What was added since `earlier` (a counter that went back, as after a reset,
@@ -96,6 +99,7 @@ class Container:
     range_owner: dict[tuple[int, int, int], int] = field(default_factory=dict)
     last: list[Tally] = field(default_factory=list)       # per GPU slot, for deltas
     achieved: list[float] = field(default_factory=list)   # blocks/s per GPU slot (smoothed)
+    bound_wait: list[float] = field(default_factory=list)  # s/s waited at the in-flight bound, per GPU slot (smoothed)
     budget: list[int] = field(default_factory=list)       # the last rate written per GPU slot
     warned_ranges: bool = False
     order: int = 0                                        # arrival order

@@ -199,8 +199,8 @@ class Daemon:
     @staticmethod
     def _track(c: Container) -> None:
         n = len(c.gpus)
-        c.last = [Tally.of(c.control.counters(i)) for i in range(n)]
-        c.achieved = [0.0] * n
+        c.last = [Tally.of(c.control.counters(i), c.control.shim) for i in range(n)]
+        c.achieved, c.bound_wait = [0.0] * n, [0.0] * n
         c.budget = [UNLIMITED] * n
 
     async def _open(self, c: Container) -> None:
@@ -586,10 +586,11 @@ class Daemon:
         prod_blocks = opp_blocks = 0
         busy_ns = gated_ns = overlap_ns = 0
         for c, slot in members:
-            tally = Tally.of(c.control.counters(slot))
+            tally = Tally.of(c.control.counters(slot), c.control.shim)
             d = tally.since(c.last[slot])
             c.last[slot] = tally
             c.achieved[slot] = 0.7 * c.achieved[slot] + 0.3 * (d.blocks / dt)
+            c.bound_wait[slot] = 0.7 * c.bound_wait[slot] + 0.3 * (d.inflight_wait_ns / 1e9 / dt)
             if c.cls == proto.Class.PRODUCTION:
                 prod_blocks += d.blocks
                 busy_ns = max(busy_ns, d.busy_ns)  # (the jobs' busy spells may coincide: no sum)
@@ -603,9 +604,10 @@ class Daemon:
         budget = st.controller.step(Sample(now, dt, prod_blocks, opp_blocks, bool(prod), bool(opp), _marks(prod), procs,
                                            Overlap(busy_ns / 1e9, gated_ns / 1e9, overlap_ns / 1e9)))
         # a container none of whose processes has connected yet does not take part in the split
-        claimants = [Claimant(c.id, c.attained(), c.achieved[s], c.budget[s], c.order) for c, s in opp if c.processes]
+        claimants = [Claimant(c.id, c.attained(), c.achieved[s], c.budget[s], c.order, c.bound_wait[s])
+                     for c, s in opp if c.processes]
         rates = split(self.cfg.control.share, budget.rate, claimants, st.share, self.cfg.control.las_min_share,
-                      one_only=self.cfg.control.controller == Controller.TGS_PAPER)
+                      one_only=self.cfg.control.controller == Controller.TGS_PAPER, bounded=budget.inflight > 0)
         decided = st.last.get("decided")
         if (st.last.get("rate"), st.last.get("state"), st.last.get("inflight"), st.last.get("solo")) != (
                 budget.rate, budget.state, budget.inflight, budget.solo):

@@ -1202,8 +1202,8 @@ def test_behind_production_a_container_whose_kernels_never_pile_up_takes_no_turn
     def run(seconds):
         nonlocal share
         used, together, paused_light = collections.Counter(), 0, 0
+        attained = {"a": 10**6, "b": 10**6, "light": 0}
         for i in range(round(seconds / DT)):
-            attained = {"a": 10**6, "b": 10**6, "light": 0}
             share = split(policy, UNLIMITED, claimants(*[(k, attained[k], achieved[k], share[k], waited[k])
                                                          for k in need]), st, 0.05, bounded=True)
             rates = take_turns(st, share, UNLIMITED, DT)

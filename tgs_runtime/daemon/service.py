@@ -33,6 +33,7 @@ ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
 GHOST_GRACE_S = 10.0  # after a restart, an activity byte waits this long for its process to reconnect
 ORDER_TIMEOUT_S = 30.0
 SAVE_EVERY_S = 5.0
+SMOOTHING = 0.3  # of a period's reading in a container's smoothed figures (what it achieved, waited)
 
 
 class RequestError(Exception):
@@ -589,8 +590,8 @@ class Daemon:
             tally = Tally.of(c.control.counters(slot), c.control.shim)
             d = tally.since(c.last[slot])
             c.last[slot] = tally
-            c.achieved[slot] = 0.7 * c.achieved[slot] + 0.3 * (d.blocks / dt)
-            c.bound_wait[slot] = 0.7 * c.bound_wait[slot] + 0.3 * (d.inflight_wait_ns / 1e9 / dt)
+            c.achieved[slot] = _smoothed(c.achieved[slot], d.blocks / dt)
+            c.bound_wait[slot] = _smoothed(c.bound_wait[slot], d.inflight_wait_ns / 1e9 / dt)
             if c.cls == proto.Class.PRODUCTION:
                 prod_blocks += d.blocks
                 busy_ns = max(busy_ns, d.busy_ns)  # (the jobs' busy spells may coincide: no sum)
@@ -800,6 +801,11 @@ def _marks(prod) -> tuple[Mark, ...]:
             return ()
         marks.append(Mark(c.id, m[0] / 1e9, m[1]))
     return tuple(marks)
+
+
+def _smoothed(figure: float, reading: float) -> float:
+    """A smoothed figure taken one period's reading further."""
+    return (1 - SMOOTHING) * figure + SMOOTHING * reading
 
 
 def _rate_text(rate: int) -> str:

@@ -111,9 +111,7 @@ class ChildTgsd:
 
     def _abandon(self) -> None:
         """A start that failed: tgsd killed where it still runs, the state directory removed."""
-        if self.proc and self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.wait()
+        self.stop(signal.SIGKILL)
         self.close()
 
     def register(self, cls: str, gpus: list[str] | None = None, cid: str | None = None,

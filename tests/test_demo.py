@@ -40,8 +40,9 @@ def test_a_demo_ended_with_sigterm_stops_its_tgsd_and_leaves_nothing_behind(libs
 
     env = {k: v for k, v in os.environ.items() if not k.startswith(("TGS_", "SIMGPU_"))}
     stderr = tmp_path / "stderr.txt"  # a file: a process left behind would hold a pipe open
-    demo = subprocess.Popen([sys.executable, "-m", "tgs_runtime", "demo", "--seconds", "4", "--via", "processes"],
-                            cwd=REPO_ROOT, env=env, stdout=subprocess.PIPE, stderr=stderr.open("w"), text=True)
+    with stderr.open("w") as err:
+        demo = subprocess.Popen([sys.executable, "-m", "tgs_runtime", "demo", "--seconds", "4", "--via", "processes"],
+                                cwd=REPO_ROOT, env=env, stdout=subprocess.PIPE, stderr=err, text=True)
     started: list[psutil.Process] = []
     try:
         for line in demo.stdout:  # the TGS phase has begun once its jobs report
@@ -51,13 +52,15 @@ def test_a_demo_ended_with_sigterm_stops_its_tgsd_and_leaves_nothing_behind(libs
         tgsd = [p for p in started if "tgs_runtime.daemon.main" in " ".join(p.cmdline())]
         assert len(tgsd) == 1, "the demo runs a tgsd of its own"
         config = tgsd[0].cmdline()[-1]
-        state_dir = re.search(r'state_dir = "([^"]+)"', open(config).read()).group(1)
+        with open(config) as f:
+            state_dir = re.search(r'state_dir = "([^"]+)"', f.read()).group(1)
         demo.send_signal(signal.SIGTERM)
         assert demo.wait(60) == 128 + signal.SIGTERM, stderr.read_text()[-3000:]
         _, alive = psutil.wait_procs(started, timeout=5)
         assert not alive, f"left running: {[p.cmdline() for p in alive]}"
     finally:
         demo.kill()
+        demo.stdout.close()
         for p in started:  # what a failure left
             try:
                 p.kill()

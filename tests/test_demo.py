@@ -2,11 +2,15 @@
 ends with the table, TGS included."""
 from __future__ import annotations
 
+import contextlib
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
+from pathlib import Path
+from typing import Iterator
 
 from harness.demotable import demo_rows
 from tgs_runtime.paths import REPO_ROOT
@@ -31,11 +35,10 @@ def test_demo_shows_tgs_protecting_production(libshim):
     assert "With TGS, production kept" in text
 
 
-def test_a_demo_ended_with_sigterm_stops_its_tgsd_and_leaves_nothing_behind(libshim, tmp_path):
-    """`timeout`, systemd and `docker stop` end a command with SIGTERM. Sent in the TGS
-    phase, every process the demo started (its own tgsd, the containers' stand-in inits,
-    the jobs) is stopped, and tgsd's state directory and the demo's folder are removed
-    (ended outright, the demo left its tgsd and two inits running)."""
+@contextlib.contextmanager
+def demo_in_its_tgs_phase(tmp_path) -> Iterator[tuple[subprocess.Popen, list, str, Path]]:
+    """`tgs demo` through plain processes, in its TGS phase: the demo, every process it
+    started, its tgsd's state directory and config; whatever is left is killed after."""
     import psutil
 
     env = {k: v for k, v in os.environ.items() if not k.startswith(("TGS_", "SIMGPU_"))}
@@ -43,6 +46,7 @@ def test_a_demo_ended_with_sigterm_stops_its_tgsd_and_leaves_nothing_behind(libs
     with stderr.open("w") as err:
         demo = subprocess.Popen([sys.executable, "-m", "tgs_runtime", "demo", "--seconds", "4", "--via", "processes"],
                                 cwd=REPO_ROOT, env=env, stdout=subprocess.PIPE, stderr=err, text=True)
+    demo.stderr_path = stderr
     started: list[psutil.Process] = []
     try:
         for line in demo.stdout:  # the TGS phase has begun once its jobs report
@@ -51,22 +55,50 @@ def test_a_demo_ended_with_sigterm_stops_its_tgsd_and_leaves_nothing_behind(libs
         started = psutil.Process(demo.pid).children(recursive=True)
         tgsd = [p for p in started if "tgs_runtime.daemon.main" in " ".join(p.cmdline())]
         assert len(tgsd) == 1, "the demo runs a tgsd of its own"
-        config = tgsd[0].cmdline()[-1]
-        with open(config) as f:
-            state_dir = re.search(r'state_dir = "([^"]+)"', f.read()).group(1)
-        demo.send_signal(signal.SIGTERM)
-        assert demo.wait(60) == 128 + signal.SIGTERM, stderr.read_text()[-3000:]
-        _, alive = psutil.wait_procs(started, timeout=5)
-        assert not alive, f"left running: {[p.cmdline() for p in alive]}"
+        config = Path(tgsd[0].cmdline()[-1])
+        state_dir = re.search(r'state_dir = "([^"]+)"', config.read_text()).group(1)
+        yield demo, started, state_dir, config
     finally:
         demo.kill()
+        demo.wait()
         demo.stdout.close()
         for p in started:  # what a failure left
             try:
                 p.kill()
             except psutil.NoSuchProcess:
                 pass
-    assert not os.path.exists(state_dir) and not os.path.exists(os.path.dirname(config))
+
+
+def test_a_demo_ended_with_sigterm_stops_its_tgsd_and_leaves_nothing_behind(libshim, tmp_path):
+    """`timeout`, systemd and `docker stop` end a command with SIGTERM. Sent in the TGS
+    phase, every process the demo started (its own tgsd, the containers' stand-in inits,
+    the jobs) is stopped, and tgsd's state directory and the demo's folder are removed
+    (ended outright, the demo left its tgsd and two inits running)."""
+    import psutil
+
+    with demo_in_its_tgs_phase(tmp_path) as (demo, started, state_dir, config):
+        demo.send_signal(signal.SIGTERM)
+        assert demo.wait(60) == 128 + signal.SIGTERM, demo.stderr_path.read_text()[-3000:]
+        _, alive = psutil.wait_procs(started, timeout=5)
+        assert not alive, f"left running: {[p.cmdline() for p in alive]}"
+    assert not os.path.exists(state_dir) and not config.parent.exists()
+
+
+def test_a_demo_killed_outright_leaves_no_process_running(libshim, tmp_path):
+    """SIGKILL (the OOM killer, `kill -9`) gives the demo no chance to stop what it
+    started: its tgsd and the containers' stand-in inits end with it all the same (the
+    tgsd before ran on, and the inits for a day). Its folders (tgsd's log and state) stay."""
+    import psutil
+
+    with demo_in_its_tgs_phase(tmp_path) as (demo, started, state_dir, config):
+        try:
+            demo.kill()
+            demo.wait(10)
+            _, alive = psutil.wait_procs(started, timeout=10)
+            assert not alive, f"left running: {[p.cmdline() for p in alive]}"
+        finally:
+            shutil.rmtree(state_dir, ignore_errors=True)
+            shutil.rmtree(config.parent, ignore_errors=True)
 
 
 def test_demo_through_docker_with_the_tgs_runtime(docker):

@@ -2,6 +2,7 @@
 for the benchmarks, and for the tests (tests/harness/daemon.py builds on it)."""
 from __future__ import annotations
 
+import ctypes
 import os
 import shutil
 import signal
@@ -15,6 +16,23 @@ from pathlib import Path
 from tgs_runtime.admin import AdminClient, DaemonUnavailable
 from tgs_runtime.paths import artifacts
 from tgs_runtime.sim import SimSettings
+
+PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
+
+
+def ends_with_us(sig: int):
+    """A Popen `preexec_fn`: the child is sent `sig` when this process ends, however it
+    ends (SIGKILL included; Linux's PR_SET_PDEATHSIG), so that what a demo or a benchmark
+    started for itself does not outlive it. Linux takes the thread that starts the child
+    for its parent: start it from one that outlives it (the main thread here)."""
+    prctl = ctypes.CDLL(None, use_errno=True).prctl
+    parent = os.getpid()
+
+    def preexec() -> None:
+        prctl(PR_SET_PDEATHSIG, sig, 0, 0, 0)
+        if os.getppid() != parent:  # we ended before the signal was asked for
+            os._exit(1)
+    return preexec
 
 
 @dataclass
@@ -95,7 +113,8 @@ class ChildTgsd:
         env = {k: v for k, v in os.environ.items() if not k.startswith(("SIMGPU_", "TGS_"))}
         self._log = open(self.log_path, "a")
         self.proc = subprocess.Popen([sys.executable, "-m", "tgs_runtime.daemon.main", "--config", str(self.config)],
-                                     env=env, stdout=self._log, stderr=subprocess.STDOUT)
+                                     env=env, stdout=self._log, stderr=subprocess.STDOUT,
+                                     preexec_fn=ends_with_us(signal.SIGTERM))
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
@@ -120,7 +139,8 @@ class ChildTgsd:
         cid = cid or f"{cls[:4]}{len(self.inits) + 1}"
         reply = self.admin.reserve(cid, cls, gpus or ["0"], convert)
         init = subprocess.Popen(["sleep", "86400"], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                                stderr=subprocess.DEVNULL)  # holds no pipe of ours open
+                                stderr=subprocess.DEVNULL,  # holds no pipe of ours open
+                                preexec_fn=ends_with_us(signal.SIGKILL))
         self.inits.append(init)
         self.admin.attach(cid, init.pid)
         return ProcessContainer(cid, cls, Path(reply["dir"]), init)

@@ -44,15 +44,16 @@ class Job:
             return ""
 
     def _read(self) -> None:
-        for line in self.proc.stdout:
-            if line.startswith("{"):
-                try:
-                    report = parse_line(line)
-                except Exception:  # an error line
-                    self.errors.append(line.strip())
-                    continue
-                self.reports.append(report)
-                self.arrivals.append(time.monotonic())
+        with self.proc.stdout:  # closed at its end
+            for line in self.proc.stdout:
+                if line.startswith("{"):
+                    try:
+                        report = parse_line(line)
+                    except Exception:  # an error line
+                        self.errors.append(line.strip())
+                        continue
+                    self.reports.append(report)
+                    self.arrivals.append(time.monotonic())
 
     def wait(self, timeout: float = 600) -> int:
         rc = self.proc.wait(timeout)

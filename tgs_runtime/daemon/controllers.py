@@ -157,6 +157,14 @@ class OwnFalls:
     latest_at: float  # when the latest was taken
 
 
+@dataclass(frozen=True)
+class Turnover:
+    """A production process started or ended (`FastController.step`): the load after it is
+    judged a second later."""
+    at: float
+    figure_before: float | None  # the solo figure before it (None: judged against the figure then)
+
+
 class Window:
     """The samples of the last `span` seconds. Production's progress over a stretch is
     timed from iteration start to iteration start when the shims mark them: each
@@ -297,8 +305,7 @@ class FastController:
         self.bound = InflightBound(cfg.inflight, cfg.inflight_deepest)
         self.idle = False  # production attached but launching nothing
         self.processes: frozenset[int] = frozenset()  # production's, as of the last sample
-        self.turnover_at: float | None = None  # a production process started or ended then: judge the load
-        self.turnover_from: float | None = None  # ... against the solo figure before it (None: the figure now)
+        self.turnover: Turnover | None = None  # the load after it is still to be judged
         self.own_figure: float | None = None  # a solo figure taken from a change seen as production's own
         self.own_falls: OwnFalls | None = None  # the run of falls taken as production's own, if any
         self.overlap_trusted = True  # no profile of this load has caught the overlap signal out
@@ -376,9 +383,11 @@ class FastController:
             self._unfollow()  # a new load
             self.bound.restore()
             self.own_figure, self.overlap_trusted = None, True
-            self.turnover_from = None  # a load after a turnover is judged against what this measures
-            if self.turnover_at is not None and t - self.turnover_at >= self.TURNOVER_S - 1e-9:
-                self.turnover_at = None  # the load after a turnover is measured now (sooner: its start)
+            if self.turnover is not None:
+                if t - self.turnover.at >= self.TURNOVER_S - 1e-9:
+                    self.turnover = None  # the load after a turnover is measured now (sooner: its start)
+                else:  # it is judged against what this measures
+                    self.turnover = Turnover(self.turnover.at, None)
         self.own_falls = None  # a fall after it is judged from what it measures
         self.purpose = purpose
         if way:
@@ -704,7 +713,7 @@ class FastController:
         p, o, covered = self.window.rates(since)
         self.progress = self.window.rates()[0]
         if not s.production:
-            self.turnover_at = None
+            self.turnover = None
             self._unfollow()
             if self.phase != Phase.FREE:
                 self.solo, self.profiles = None, []
@@ -718,9 +727,9 @@ class FastController:
             # production's load may have changed with no idle moment to say so: judged once
             # the change has settled (without processes production is idle, and its return
             # is profiled)
-            if self.turnover_at is None:  # a run of turnovers is judged against the figure before the first
-                self.turnover_from = self.solo
-            self.turnover_at = t if self.processes else None
+            # a run of turnovers is judged against the figure before the first
+            before = self.solo if self.turnover is None else self.turnover.figure_before
+            self.turnover = Turnover(t, before) if self.processes else None
             self.own_falls = None  # falls of the load before are not steps of a fall of the next
             if self.phase in (Phase.RUN, Phase.SOLO):
                 # nothing is judged in this period either: production is timed from the
@@ -744,7 +753,7 @@ class FastController:
                 # with later ones (they pulled the figure back towards a load production no
                 # longer ran at the next periodic profile)
                 self.solo, self.profiles = p, []
-                self.turnover_at = None  # measured alone since the change
+                self.turnover = None  # measured alone since the change
                 self._unfollow()
             if s.opportunistic:
                 if self.solo is None:
@@ -800,7 +809,7 @@ class FastController:
             self.idle = False
             self._profile(t, "production back from idle")
             return self._budget()
-        if self.turnover_at is not None and t - self.turnover_at >= self.TURNOVER_S - 1e-9 \
+        if self.turnover is not None and t - self.turnover.at >= self.TURNOVER_S - 1e-9 \
                 and covered >= self.TURNOVER_S / 2:
             # a second after a production process started or ended: progress outside what
             # the solo figure before it allows says the load changed (one of two production
@@ -812,8 +821,8 @@ class FastController:
             # ramped from it for seconds (both CPUs busy: cuts against the pair's noise left
             # it 7,475 blocks/s after one of two production jobs ended, 0.114 and 0.175 of
             # the engine over the next 10 s)
-            self.turnover_at = None
-            solo = self.turnover_from if self.turnover_from is not None else self.solo or 0.0
+            before, self.turnover = self.turnover.figure_before, None
+            solo = before if before is not None else self.solo or 0.0
             if not (1 - self.cfg.tolerance) * solo <= p <= (1 + self.LOAD_CHANGE) * solo:
                 self.rate_good = UNLIMITED  # a new load starts afresh, as after an idle spell
                 of = f"production at {p / solo:.3f} of the solo figure before it" if solo else self._of_solo(p)

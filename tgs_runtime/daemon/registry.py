@@ -99,7 +99,8 @@ class Container:
     range_owner: dict[tuple[int, int, int], int] = field(default_factory=dict)
     last: list[Tally] = field(default_factory=list)       # per GPU slot, for deltas
     achieved: list[float] = field(default_factory=list)   # blocks/s per GPU slot (smoothed)
-    bound_wait: list[float] = field(default_factory=list)  # s/s waited at the in-flight bound, per GPU slot (smoothed)
+    bound_wait: list[float] = field(default_factory=list)  # s/s waited at the in-flight bound, per GPU slot
+                                                          # (smoothed; opportunistic containers only)
     budget: list[int] = field(default_factory=list)       # the last rate written per GPU slot
     warned_ranges: bool = False
     order: int = 0                                        # arrival order

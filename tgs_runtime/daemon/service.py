@@ -591,11 +591,11 @@ class Daemon:
             d = tally.since(c.last[slot])
             c.last[slot] = tally
             c.achieved[slot] = _smoothed(c.achieved[slot], d.blocks / dt)
-            c.bound_wait[slot] = _smoothed(c.bound_wait[slot], d.inflight_wait_ns / 1e9 / dt)
             if c.cls == proto.Class.PRODUCTION:
                 prod_blocks += d.blocks
                 busy_ns = max(busy_ns, d.busy_ns)  # (the jobs' busy spells may coincide: no sum)
             else:
+                c.bound_wait[slot] = _smoothed(c.bound_wait[slot], d.inflight_wait_ns / 1e9 / dt)
                 opp_blocks += d.blocks
                 gated_ns += d.gated_ns
                 overlap_ns += d.overlap_ns

@@ -22,6 +22,7 @@ from pathlib import Path
 
 from bench.common import RESULTS, Echo, Outputs, machine, table
 from tgs_runtime import sim
+from tgs_runtime.childd import ends_with_us
 from tgs_runtime.paths import REPO_ROOT
 
 
@@ -66,11 +67,18 @@ def bench_argv(name: str, quick: bool) -> list[str]:
     return [sys.executable, "-m", "tgs_runtime", "bench", name] + (["--quick"] if quick else [])
 
 
-def _interruptible() -> None:
-    """In the benchmark's process, before it starts: SIGINT interrupts it, even when the
+def _interruptible():
+    """A `preexec_fn` for the benchmark's process: SIGINT interrupts it, even when the
     suite was started in the background by a shell (which ignores SIGINT there, and an
-    ignored SIGINT stays ignored across exec: Python then installs no KeyboardInterrupt)."""
-    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    ignored SIGINT stays ignored across exec: Python then installs no KeyboardInterrupt),
+    and it is interrupted so when the suite ends in a way that gives the suite no chance
+    to (SIGKILL)."""
+    with_us = ends_with_us(signal.SIGINT)
+
+    def preexec() -> None:
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+        with_us()
+    return preexec
 
 
 def _interrupt(p: subprocess.Popen) -> None:
@@ -92,7 +100,7 @@ def run_step(argv: list[str], limit_s: float, env: dict[str, str], log: Path) ->
     t0 = time.monotonic()
     with open(log, "w") as out:
         p = subprocess.Popen(argv, cwd=REPO_ROOT, env=env, stdout=out, stderr=subprocess.STDOUT,
-                             start_new_session=True, preexec_fn=_interruptible)
+                             start_new_session=True, preexec_fn=_interruptible())
         try:
             rc = p.wait(timeout=max(limit_s, 1))
         except subprocess.TimeoutExpired:

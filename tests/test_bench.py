@@ -138,11 +138,13 @@ def test_the_suite_interrupts_a_benchmark_past_its_time_and_reports_failures(tmp
     assert outcome == "failed (exit 1): what went wrong"
 
 
-def test_a_suite_that_is_ended_ends_the_benchmark_it_runs(tmp_path):
+@pytest.mark.parametrize("sig", ["SIGTERM", "SIGKILL"])
+def test_a_suite_that_is_ended_ends_the_benchmark_it_runs(tmp_path, sig):
     """`tgs bench suite` ended with SIGTERM (or Ctrl-C) while a benchmark runs: the
     benchmark, in a session of its own, is interrupted with SIGINT (so that it cleans up)
-    before the suite goes; it went on alone. (The suite here is `run_step` in a process
-    set up as `tgs` sets itself up for SIGTERM.)"""
+    before the suite goes; it went on alone. Killed outright (SIGKILL), the suite cannot
+    do so itself: the benchmark is interrupted all the same. (The suite here is `run_step`
+    in a process set up as `tgs` sets itself up for SIGTERM.)"""
     import signal
 
     import psutil
@@ -159,9 +161,10 @@ def test_a_suite_that_is_ended_ends_the_benchmark_it_runs(tmp_path):
     while not (pidfile.exists() and pidfile.read_text()) and time.monotonic() < deadline:
         time.sleep(0.1)
     benchmark = psutil.Process(int(pidfile.read_text()))
-    suite.send_signal(signal.SIGTERM)
+    suite.send_signal(getattr(signal, sig))
     try:
-        assert suite.wait(60) == 128 + signal.SIGTERM
+        assert suite.wait(60) == (128 + signal.SIGTERM if sig == "SIGTERM" else -signal.SIGKILL)
+        psutil.wait_procs([benchmark], timeout=10)
         assert not benchmark.is_running(), "the benchmark went on alone"
         assert "cleaned up" in log.read_text(), "interrupted with SIGINT, so that it can clean up"
     finally:

@@ -302,3 +302,42 @@ def test_static_binaries_run_untouched_in_a_tgs_container(docker):
                    "cat /etc/ld.so.preload; ls /run/tgs; echo ok")
     assert out.stdout.split() == ["/usr/lib/tgs/libtgs.so", "activity", "control", "ld.so.preload",
                                   "registration.json", "tgs.sock", "ok"]
+
+
+def test_a_private_dockerd_ends_with_what_started_it(libshim, tmp_path):
+    """The private dockerd of the tests and of `tgs bench start`, its containerd and its
+    containers end when the process that started it is killed outright (a killed pytest or
+    benchmark left them all running)."""
+    import subprocess
+    import sys
+
+    import psutil
+
+    from tgs_runtime.paths import REPO_ROOT
+
+    work = tmp_path / "d"
+    starter = subprocess.Popen([sys.executable, "-c", f"""
+import sys, time
+from pathlib import Path
+from tgs_runtime.privatedocker import PrivateDocker
+d = PrivateDocker(Path({str(work)!r}), Path({str(libshim.root / "tgs-runtime")!r}), Path({str(tmp_path / "tgs.toml")!r}))
+d.start()
+d.build_image({{}}, "tgs-test:bare")
+cid = d.docker("run", "-d", "--network", "none", "--stop-timeout", "1", "tgs-test:bare", "sleep", "600").stdout.strip()
+print(d.proc.pid, d.docker("inspect", "-f", "{{{{.State.Pid}}}}", cid).stdout.strip(), flush=True)
+time.sleep(600)
+"""], cwd=REPO_ROOT, stdout=subprocess.PIPE, text=True)
+    try:
+        line = starter.stdout.readline()
+        assert line, "the starter failed to start its dockerd and container"
+        started = [psutil.Process(int(pid)) for pid in line.split()]
+        started += [p for p in psutil.process_iter(["cmdline"])  # containerd, the container's shim
+                    if p.pid != starter.pid and str(work) in " ".join(p.info["cmdline"] or [])]
+        starter.kill()
+        _, alive = psutil.wait_procs(started, timeout=40)
+        assert not alive, f"left running: {[p.cmdline() for p in alive]}"
+    finally:
+        starter.kill()
+        starter.wait()
+        starter.stdout.close()
+        subprocess.run(["pkill", "-9", "-f", str(work)], capture_output=True)

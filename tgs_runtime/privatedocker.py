@@ -15,6 +15,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from tgs_runtime.childd import ends_with_us
+
 IMAGE = "tgs-test:base"
 PRELOAD_IMAGE = "tgs-test:preload"
 
@@ -106,7 +108,8 @@ class PrivateDocker:
              "-H", self.host, "--pidfile", str(self.workdir / "docker.pid"), "--iptables=false",
              "--ip6tables=false", "--bridge=none", "--ip-masq=false", "--userland-proxy=false",
              "--config-file", str(daemon_json)],
-            stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True, env=self._daemon_env())
+            stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True, env=self._daemon_env(),
+            preexec_fn=ends_with_us(signal.SIGTERM))  # stops its containers and containerd as it goes
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:

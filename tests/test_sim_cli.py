@@ -59,3 +59,4 @@ def test_sim_run_bad_memory(libshim, tmp_path):
 def test_sim_status_without_state(libshim, tmp_path):
     st = tgs("sim", "status", "--state", str(tmp_path / "none"), env=clean_env(libshim))
     assert st.returncode == 1 and "does not exist" in st.stderr
+    assert f"tgs sim run --state {tmp_path / 'none'} -- CMD" in st.stderr, "it says how to make one"

@@ -84,7 +84,9 @@ def status(state: Path | str = DEFAULT_STATE) -> dict:
     (engine busy time, kernels, memory, migrations), read under the device locks."""
     path = str(state).encode()
     if not Path(str(state)).exists():
-        raise SimStateError(f"{state} does not exist: no program has used this simulated GPU yet")
+        on = "" if Path(str(state)) == Path(DEFAULT_STATE) else f" --state {state}"
+        raise SimStateError(f"{state} does not exist: no program has used this simulated GPU yet "
+                            f"(`tgs sim run{on} -- CMD` runs one on it)")
     size = 1 << 16
     lib = _library()
     for _ in range(8):

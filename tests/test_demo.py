@@ -37,8 +37,9 @@ def test_demo_shows_tgs_protecting_production(libshim):
 
 @contextlib.contextmanager
 def demo_in_its_tgs_phase(tmp_path) -> Iterator[tuple[subprocess.Popen, list, str, Path]]:
-    """`tgs demo` through plain processes, in its TGS phase: the demo, every process it
-    started, its tgsd's state directory and config; whatever is left is killed after."""
+    """`tgs demo` through plain processes, in its TGS phase: the demo (its stderr in
+    tmp_path/stderr.txt), every process it started, its tgsd's state directory and config;
+    whatever is left is killed after."""
     import psutil
 
     env = {k: v for k, v in os.environ.items() if not k.startswith(("TGS_", "SIMGPU_"))}
@@ -46,7 +47,6 @@ def demo_in_its_tgs_phase(tmp_path) -> Iterator[tuple[subprocess.Popen, list, st
     with stderr.open("w") as err:
         demo = subprocess.Popen([sys.executable, "-m", "tgs_runtime", "demo", "--seconds", "4", "--via", "processes"],
                                 cwd=REPO_ROOT, env=env, stdout=subprocess.PIPE, stderr=err, text=True)
-    demo.stderr_path = stderr
     started: list[psutil.Process] = []
     try:
         for line in demo.stdout:  # the TGS phase has begun once its jobs report
@@ -78,7 +78,7 @@ def test_a_demo_ended_with_sigterm_stops_its_tgsd_and_leaves_nothing_behind(libs
 
     with demo_in_its_tgs_phase(tmp_path) as (demo, started, state_dir, config):
         demo.send_signal(signal.SIGTERM)
-        assert demo.wait(60) == 128 + signal.SIGTERM, demo.stderr_path.read_text()[-3000:]
+        assert demo.wait(60) == 128 + signal.SIGTERM, (tmp_path / "stderr.txt").read_text()[-3000:]
         _, alive = psutil.wait_procs(started, timeout=5)
         assert not alive, f"left running: {[p.cmdline() for p in alive]}"
     assert not os.path.exists(state_dir) and not config.parent.exists()

@@ -21,6 +21,7 @@ import enum
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Iterator
 
 from bench.common import Echo, HostCpu, Outputs, controllers, machine, table
 from bench.lab import ControllerTrace, Job, Lab, opportunistic, production, twin_gpu
@@ -70,16 +71,23 @@ SCHEDULE = (Phase("25 % duty", 0.25), Phase("75 % duty", 0.75), Phase("idle", No
             Phase("two at 25 %", 0.25, Jobs.PAIR), Phase("one of two ends", 0.25, Jobs.NONE))
 
 
+def rolling(job: Job, first: float, until: float) -> Iterator[tuple[float, float]]:
+    """The job's throughput over the rolling window (SPAN) ending at each STEP from `first`
+    while <= `until`: (the window's end, iterations per second; NaN before its reports)."""
+    t = first
+    while t <= until:
+        yield t, job.rate_between(t - SPAN, t)
+        t += STEP
+
+
 def settle(job: Job, start: float, end: float, ok) -> float | None:
     """Seconds from `start` until the job's rolling throughput is ok for the rest of [start, end]."""
     if job.arrivals:
         end = min(end, job.arrivals[-1])  # a job killed at the end reports no further
-    t, last_bad = start + SPAN, None
-    while t <= end - 1e-9:
-        r = job.rate_between(t - SPAN, t)
+    last_bad = None
+    for t, r in rolling(job, start + SPAN, end - 1e-9):
         if not (r == r) or not ok(r):  # NaN: no report yet counts as not ok
             last_bad = t
-        t += STEP
     if last_bad is None:
         return SPAN  # fine from the first full window on
     return None if last_bad >= end - STEP - 1e-9 else last_bad + STEP - start
@@ -98,12 +106,8 @@ def lowest_by_bound(job: Job, start: float, end: float, bounds: list[list], solo
     lows: list[float | None] = []
     for i, (t0, _) in enumerate(bounds):
         t1 = start + bounds[i + 1][0] if i + 1 < len(bounds) else end
-        t, low = start + max(t0, 0.0) + SPAN, None
-        while t <= min(t1, end) + 1e-9:
-            r = job.rate_between(t - SPAN, t)
-            if r == r:  # not NaN
-                low = r if low is None else min(low, r)
-            t += STEP
+        rates = [r for _, r in rolling(job, start + max(t0, 0.0) + SPAN, min(t1, end) + 1e-9) if r == r]  # not NaN
+        low = min(rates) if rates else None
         lows.append(None if low is None else round(low / solo, 3))
     return lows
 

@@ -33,8 +33,11 @@ DT = 0.1
 
 class Rig:
     """Production at `solo` blocks/s alone; opportunistic work costs production `harm`
-    blocks/s per opportunistic block/s it runs, up to `capacity` blocks/s, `lag_s` after
-    it runs (work queued before a cut still runs), and the fraction `queue_harm` of its
+    blocks/s per opportunistic block/s it runs, up to `capacity` blocks/s (or, where
+    `harm_upto` is set, for its first `harm_upto` blocks/s only, and nothing more above:
+    harm that a cut from above does not shrink, as of long kernels production waits behind
+    however few there are), `lag_s` after it runs (work queued before a cut still runs),
+    and the fraction `queue_harm` of its
     progress while it runs with more than one kernel in flight. An opportunistic job that
     needs `queue_need` kernels in flight to keep the GPU busy (host work between its
     launches) runs at bound / queue_need of its speed under a shallower bound (0: any bound
@@ -44,9 +47,10 @@ class Rig:
 
     def __init__(self, ctl, solo=50_000.0, harm=0.0, capacity=100_000.0, lag_s=0.0, queue_harm=0.0,
                  overlap: float | None = None, deep_harm=0.0, beside=0.0, deep_slow=0.0, queue_need=0,
-                 marked=False):
+                 marked=False, harm_upto=math.inf):
         self.ctl, self.solo, self.harm, self.capacity, self.t = ctl, solo, harm, capacity, 0.0
         self.queue_harm = queue_harm
+        self.harm_upto = harm_upto
         self.deep_harm = deep_harm  # the fraction of its progress lost with more than four kernels in flight
         self.deep_slow = deep_slow  # the fraction of opportunistic progress lost likewise
         self.queue_need = queue_need
@@ -76,7 +80,7 @@ class Rig:
             opp = min(speed, float(rate))  # the rate limit or the bound, whichever holds it back more
             self.queued.append(opp)
             hurts = self.queued.popleft()  # what ran lag_s ago (without production too: the lag stays lag_s)
-            prod = max(0.0, self.solo - self.harm * hurts) if production else 0.0
+            prod = max(0.0, self.solo - self.harm * min(hurts, self.harm_upto)) if production else 0.0
             if opp and b and b.inflight != 1:
                 prod *= 1 - self.queue_harm
             if opp and deep:

@@ -743,6 +743,30 @@ def test_a_large_harm_that_answers_late_is_cut_not_accepted(harm, lag_s):
     assert prod >= 0.93 * r.solo, f"production at {prod / r.solo:.3f} of solo over the last 10 s"
 
 
+def test_harm_that_two_cuts_do_not_shrink_is_cut_on_from_where_they_left_it():
+    """Opportunistic work costs production a block for each of its first 5,000 blocks/s and
+    nothing more above (10 % of production's progress whatever the rate above that: long
+    kernels production waits behind however few there are). Two cuts from the job's full
+    rate bring nothing back, and the profile they call for finds production alone at its
+    figure: the fall was harm. The rate goes on from where the cuts left it, and cuts
+    from there find the edge (1,500 blocks/s costs production the tolerance): production
+    at 0.969 of its solo progress over 30 s, opportunistic work at 1,558 blocks/s. From
+    the rate before the cuts, each such profile came back to the same fall: 0.917, with
+    five profiles in the 30 s."""
+    r = Rig(fast(inflight_deepest=2), solo=50_000.0, harm=1.0, harm_upto=5_000.0, marked=True)
+    run_until(r, lambda b: b.state == "run")
+    r.run(60)  # a few rounds of cuts and profiles
+    before, profiles, was = r.produced, 0, r.budget.state
+    for _ in range(round(30 / DT)):
+        b = r.run(DT)
+        profiles += b.state == "profile" and was != "profile"
+        was = b.state
+    prod = (r.produced - before) / 30 / r.solo
+    assert profiles <= 1, f"{profiles} profiles in 30 s"
+    assert prod >= 0.95, f"production at {prod:.3f} of its solo progress over the last 30 s"
+    assert r.opportunistic_done > 0 and b.rate >= 500, f"opportunistic work cut to {b.rate} blocks/s"
+
+
 def test_a_fall_of_production_s_own_undoes_the_in_flight_bound_with_the_rate():
     """Production's profile caught its warm-up (a PyTorch job's first seconds launch about
     three times the blocks of its steady state, H100); its fall to its steady state is no

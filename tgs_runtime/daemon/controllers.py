@@ -306,6 +306,7 @@ class FastController:
         self.idle = False  # production attached but launching nothing
         self.processes: frozenset[int] = frozenset()  # production's, as of the last sample
         self.turnover: Turnover | None = None  # the load after it is still to be judged
+        self.resume_at: int | None = None  # the rate two fruitless cuts left, for the profile they called (`_fell`)
         self.own_figure: float | None = None  # a solo figure taken from a change seen as production's own
         self.own_falls: OwnFalls | None = None  # the run of falls taken as production's own, if any
         self.overlap_trusted = True  # no profile of this load has caught the overlap signal out
@@ -368,7 +369,7 @@ class FastController:
                       self.window.overlap().per_s, self.why)
 
     def _profile(self, t: float, why: str, same_load: bool = False, purpose: Purpose = Purpose.MEASURE,
-                 way: int = 0) -> None:
+                 way: int = 0, resume_at: int | None = None) -> None:
         """Pauses opportunistic work to measure production alone. Only a profile of the same
         load (`same_load`: the periodic one, a check, a follow-up) keeps the earlier ones to
         average with: any other comes after a change (a new pair, a return from idle, a load
@@ -377,7 +378,9 @@ class FastController:
         opportunistic work the moments between one of its kernels ending and the next being
         launched (a fifth of the idle time beside 75 % duty on simgpu,
         docs/results/history.md, dynamics). A FOLLOW profile of a load that just moved
-        gives the way it moved (`way`: 1 up, -1 down), which `_followed` follows."""
+        gives the way it moved (`way`: 1 up, -1 down), which `_followed` follows; one that
+        two fruitless cuts called for gives the rate they left (`resume_at`, `_fell`)."""
+        self.resume_at = resume_at
         if not same_load:
             self.profiles = []
             self._unfollow()  # a new load
@@ -652,7 +655,7 @@ class FastController:
             # of the profile, with the rate ramped against it: production at 0.928 of
             # exclusive)
             self._profile(t, f"two cuts brought nothing back ({self._of_solo(p)})", purpose=Purpose.FOLLOW,
-                          way=-1)
+                          way=-1, resume_at=self.rate)
             return
         if self.cuts and self.rate <= self.check_below:
             # the cuts have helped (else the rules above) and left at most a tenth of the
@@ -777,11 +780,23 @@ class FastController:
                 if self.purpose is Purpose.CHECK and s.opportunistic:
                     self._checked(t, p, covered)
                     return self._budget()
-                found = ""
+                found, rate = "", self.rate_good
                 if covered > 0:
                     tol = self.cfg.tolerance
                     if self.purpose is Purpose.FOLLOW and s.opportunistic:
+                        # after two fruitless cuts, production alone not below its figure:
+                        # the fall was opportunistic work's harm, which did not shrink with
+                        # them (long kernels, or harm that does not scale with the rate);
+                        # the rate goes on from where they left it. From the rate before
+                        # them, each such profile came back to the same fall: in the
+                        # controller rig, work costing production 10 % at any rate above
+                        # 5,000 blocks/s held it at 0.917 of its solo progress, with a
+                        # profile every 6 s (0.969 now)
+                        harm = self.resume_at is not None and p >= (1 - self.FOLLOW_MOVE * tol) * (self.solo or 0)
                         found = f"; the load {self._followed(t, p, self.FOLLOW_MOVE * tol, self.follow_sign)}"
+                        if harm:
+                            rate = min(self.resume_at, self.rate_good)
+                            found += f"; the cuts stay: the fall was opportunistic work's, rate {rate:,}"
                     elif self.purpose is Purpose.PERIODIC and s.opportunistic:
                         found = f"; the load {self._followed(t, p, tol, 1)}"
                     else:
@@ -789,8 +804,9 @@ class FastController:
                 self.purpose = Purpose.MEASURE
                 self.violations = 0
                 self.drift_since = None
+                self.resume_at = None
                 self._change(t, f"profiled: production alone at {p:,.0f} blocks/s (solo figure {self.solo or 0:,.0f})"
-                             f"{found}", Phase.RUN if s.opportunistic else Phase.SOLO, self.rate_good)
+                             f"{found}", Phase.RUN if s.opportunistic else Phase.SOLO, rate)
             return self._budget()
         # RUN
         if not s.opportunistic:

@@ -792,8 +792,9 @@ class FastController:
                         # controller rig, work costing production 10 % at any rate above
                         # 5,000 blocks/s held it at 0.917 of its solo progress, with a
                         # profile every 6 s (0.969 now)
-                        harm = self.resume_at is not None and p >= (1 - self.FOLLOW_MOVE * tol) * (self.solo or 0)
-                        found = f"; the load {self._followed(t, p, self.FOLLOW_MOVE * tol, self.follow_sign)}"
+                        bar = self.FOLLOW_MOVE * tol  # what `_followed` takes for a load that moved
+                        harm = self.resume_at is not None and p >= (1 - bar) * (self.solo or 0)
+                        found = f"; the load {self._followed(t, p, bar, self.follow_sign)}"
                         if harm:
                             rate = min(self.resume_at, self.rate_good)
                             found += f"; the cuts stay: the fall was opportunistic work's, rate {rate:,}"

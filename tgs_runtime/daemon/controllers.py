@@ -787,18 +787,16 @@ class FastController:
                 if covered > 0:
                     tol = self.cfg.tolerance
                     if self.purpose is Purpose.FOLLOW and s.opportunistic:
-                        # after two fruitless cuts, production alone not below its figure:
-                        # the fall was opportunistic work's harm, which did not shrink with
-                        # them (long kernels, or harm that does not scale with the rate);
-                        # the rate goes on from where they left it. From the rate before
-                        # them, each such profile came back to the same fall: in the
-                        # controller rig, work costing production 10 % at any rate above
-                        # 5,000 blocks/s held it at 0.917 of its solo progress, with a
-                        # profile every 6 s (0.969 now)
-                        bar = self.FOLLOW_MOVE * tol  # what `_followed` takes for a load that moved
-                        harm = self.resume_at is not None and p >= (1 - bar) * (self.solo or 0)
-                        found = f"; the load {self._followed(t, p, bar, self.follow_sign)}"
-                        if harm:
+                        found = f"; the load {self._followed(t, p, self.FOLLOW_MOVE * tol, self.follow_sign)}"
+                        if self.resume_at is not None and self.follow_sign >= 0:
+                            # after two fruitless cuts, production alone not found falling:
+                            # the fall was opportunistic work's harm, which did not shrink with
+                            # them (long kernels, or harm that does not scale with the rate);
+                            # the rate goes on from where they left it. From the rate before
+                            # them, each such profile came back to the same fall: in the
+                            # controller rig, work costing production 10 % at any rate above
+                            # 5,000 blocks/s held it at 0.917 of its solo progress, with a
+                            # profile every 6 s (0.969 now)
                             rate = min(self.resume_at, self.rate_good)
                             found += f"; the cuts stay: the fall was opportunistic work's, rate {rate:,}"
                     elif self.purpose is Purpose.PERIODIC and s.opportunistic:

@@ -71,6 +71,25 @@ def test_a_new_pair_profiles_for_at_most_a_second():
     assert r.budget.state == "run" and abs(r.budget.solo - 50_000) < 1
 
 
+@pytest.mark.parametrize("alone_s", [0.0, 2.0], ids=["from tgsd's start", "beside opportunistic work"])
+def test_production_attached_before_its_first_launch_is_profiled_once_it_launches(alone_s):
+    """A production container attaches at its creation, seconds before its first kernel.
+    Beside opportunistic work, it was profiled at once: a second's pause that read it alone
+    at 0 blocks/s, and its first launches were profiled again. Now opportunistic work goes
+    on, gated, until production launches, and is paused once, to measure it."""
+    r = Rig(fast())
+    r.run(alone_s, production=False)
+    r.solo = 0.0  # attached, launching nothing
+    waiting = [r.run(DT) for _ in range(20)]
+    paused = [b.why for b in waiting if not (b.state == "run" and b.rate == UNLIMITED and b.gate)]
+    assert not paused, paused[0]
+    r.solo = 50_000.0
+    launched = [r.run(DT) for _ in range(30)]
+    profiled = sum(b.state == "profile" for b in launched) * DT
+    assert 0 < profiled <= 1.0 + 1e-9, f"profiled for {profiled:.1f} s"
+    assert abs(launched[-1].solo - 50_000) < 1, f"the solo figure is {launched[-1].solo:.0f}"
+
+
 def test_harm_is_cut_until_production_holds():
     r = Rig(fast(), harm=0.2)  # at 100k opportunistic blocks/s production would lose 40 %
     r.run(2, opportunistic=False)

@@ -30,7 +30,8 @@ take turns at it (`take_turns`). Pure logic: no clocks, no I/O.
   for harm (the isolation bench's 75 % duty lost a fifth of its idle time to
   that). Production's own load growing (P above S by 10 % for half a second) or falling
   (cuts that do not bring P back) triggers a new profile, unless the shims tell (below). Production launching nothing for
-  half a second lifts the limit at once, and its return is profiled (it may be a new job).
+  half a second lifts the limit at once, and its return is profiled (it may be a new job);
+  one attached beside opportunistic work before its first launch is idle from the start.
   A production process that starts or ends (a new job; tgsd tells) restarts the
   measurement: the moment of the change, when production does less, is not taken for harm;
   a second after it, progress outside [1 - tolerance, 1.1] times the solo figure says the
@@ -74,6 +75,7 @@ from __future__ import annotations
 
 import collections
 import enum
+import math
 from dataclasses import dataclass, field
 
 from tgs_runtime.config import ControlConfig, Controller, Share
@@ -232,13 +234,15 @@ class Window:
         return total
 
     def quiet_s(self) -> float:
-        """Seconds at the end of the window in which production launched nothing."""
+        """Seconds at the end of the window in which production launched nothing; infinite
+        where it launched nothing in any of it (at tgsd's start the window is shorter than
+        the idle spell a decision needs)."""
         quiet = 0.0
         for s in reversed(self.items):
             if s.production_blocks:
-                break
+                return quiet
             quiet += s.dt
-        return quiet
+        return math.inf
 
 
 class Phase(str, enum.Enum):
@@ -746,6 +750,16 @@ class FastController:
                 self._change(t, "a production process started or ended: measured afresh")
                 return self._budget()
         if self.phase == Phase.FREE:
+            if s.opportunistic and self.window.quiet_s() >= self.IDLE_S - 1e-9:
+                # attached before its first launch (at its container's creation, seconds before
+                # its first kernel): idle until then, its first launches profiled as a return
+                # from idle. A profile now measured nothing: it paused opportunistic work for a
+                # second, read production alone at 0 blocks/s, and the first launches were
+                # profiled again (every start of the oversubscription benchmark's production)
+                self.idle = True
+                self.rate_good = UNLIMITED
+                self._change(t, "production attached, launching nothing yet: no limit", Phase.RUN, UNLIMITED)
+                return self._budget()
             self._change(t, "production arrived", Phase.SOLO if not s.opportunistic else Phase.PROFILE)
             if self.phase == Phase.PROFILE:
                 self._profile(t, "production arrived")

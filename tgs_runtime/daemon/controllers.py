@@ -691,6 +691,15 @@ class FastController:
         self._change(t, f"{harm}: rate cut", rate=max(int(base * self._cut(p, solo)), 1))
         self.cuts += 1
 
+    def _idle(self, t: float, why: str) -> None:
+        """Production launches nothing: opportunistic work runs with no limit (the gate and
+        the in-flight bound protect production when it comes back, and its return is
+        profiled); what it comes back to starts afresh."""
+        self.idle = True
+        self.violations = 0
+        self.rate_good = UNLIMITED
+        self._change(t, why, Phase.RUN, UNLIMITED)
+
     def _held(self, t: float, o: float, long_o: float) -> None:
         """Production holds: the rate ramps back (or goes where it is unused), else the in-flight
         bound is tried (`InflightBound.holds`), and the periodic profile comes when due."""
@@ -756,9 +765,7 @@ class FastController:
                 # from idle. A profile now measured nothing: it paused opportunistic work for a
                 # second, read production alone at 0 blocks/s, and the first launches were
                 # profiled again (every start of the oversubscription benchmark's production)
-                self.idle = True
-                self.rate_good = UNLIMITED
-                self._change(t, "production attached, launching nothing yet: no limit", Phase.RUN, UNLIMITED)
+                self._idle(t, "production attached, launching nothing yet: no limit")
                 return self._budget()
             self._change(t, "production arrived", Phase.SOLO if not s.opportunistic else Phase.PROFILE)
             if self.phase == Phase.PROFILE:
@@ -832,10 +839,7 @@ class FastController:
             # production is idle (between jobs, evaluating on the CPU): no limit; the gate
             # and the in-flight bound protect it when it comes back
             if not self.idle:
-                self.idle = True
-                self.violations = 0
-                self.rate_good = UNLIMITED  # what production comes back to starts afresh
-                self._change(t, f"production launched nothing for {self.IDLE_S:g} s: no limit", rate=UNLIMITED)
+                self._idle(t, f"production launched nothing for {self.IDLE_S:g} s: no limit")
             return self._budget()
         if self.idle:  # back, perhaps as a new job with a load of its own: measure it
             self.idle = False

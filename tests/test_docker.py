@@ -314,6 +314,7 @@ def test_a_private_dockerd_ends_with_what_started_it(libshim, tmp_path):
     import psutil
 
     from tgs_runtime.paths import REPO_ROOT
+    from tgs_runtime.privatedocker import end_processes_under
 
     work = tmp_path / "d"
     starter = subprocess.Popen([sys.executable, "-c", f"""
@@ -340,9 +341,4 @@ time.sleep(600)
         starter.kill()
         starter.wait()
         starter.stdout.close()
-        # what a failure left: dockerd asked to stop first (killed, it leaves its mounts)
-        subprocess.run(["pkill", "-TERM", "-f", f"dockerd --data-root {work}"], capture_output=True)
-        psutil.wait_procs([p for p in psutil.process_iter(["cmdline"])
-                           if "dockerd" in (p.info["cmdline"] or [""])[0] and str(work) in " ".join(p.info["cmdline"])],
-                          timeout=30)
-        subprocess.run(["pkill", "-9", "-f", str(work)], capture_output=True)
+        end_processes_under(work)  # what a failure left

@@ -5,6 +5,7 @@ test programs, with the host's dynamic loader and libc so glibc programs and the
 work; `tgs demo` makes its image the same way)."""
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -14,6 +15,8 @@ import tarfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
+
+import psutil
 
 from tgs_runtime.childd import ends_with_us
 
@@ -77,6 +80,25 @@ def rootfs_tar(files: dict[str, Path], workdir: Path, tag: str, extra: dict[str,
         t.add(root, arcname=".")
     shutil.rmtree(root, ignore_errors=True)
     return tar
+
+
+def end_processes_under(folder: Path, grace_s: float = 30) -> None:
+    """Ends what still runs with `folder` in its command line (a private dockerd, its
+    containerd and shims): a dockerd is asked first (SIGTERM, `grace_s` to stop; killed
+    outright it leaves its overlay mounts behind), then whatever remains is killed."""
+    def named() -> list[psutil.Process]:
+        return [p for p in psutil.process_iter(["cmdline"])
+                if p.pid != os.getpid() and str(folder) in " ".join(p.info["cmdline"] or [])]
+
+    def signal_each(procs: list[psutil.Process], sig: signal.Signals) -> None:
+        for p in procs:
+            with contextlib.suppress(psutil.NoSuchProcess):
+                p.send_signal(sig)
+
+    daemons = [p for p in named() if Path((p.info["cmdline"] or [""])[0]).name == "dockerd"]
+    signal_each(daemons, signal.SIGTERM)
+    psutil.wait_procs(daemons, timeout=grace_s)
+    signal_each(named(), signal.SIGKILL)
 
 
 @dataclass
@@ -152,8 +174,6 @@ class PrivateDocker:
                 self.proc.wait(30)
             except subprocess.TimeoutExpired:
                 os.killpg(self.proc.pid, signal.SIGKILL)
-        # containerd and its shims must not outlive the tests
-        subprocess.run(["pkill", "-9", "-f", str(self.exec_root)], capture_output=True)
-        subprocess.run(["pkill", "-9", "-f", str(self.workdir / "data")], capture_output=True)
+        end_processes_under(self.workdir)  # containerd and its shims must not outlive the tests
         if getattr(self, "log", None):
             self.log.close()

@@ -601,6 +601,21 @@ def test_a_tgsd_of_our_own_that_cannot_start_leaves_no_state_behind(tmp_path):
     assert not d.state_dir.exists()
 
 
+def test_a_tgsd_of_our_own_runs_the_code_that_started_it_whatever_the_working_directory(tgsd, tmp_path,
+                                                                                         monkeypatch):
+    """Started from a folder holding another copy of TGS (a worktree of another commit, for a
+    side-by-side run), the demo's and the benchmarks' own tgsd runs the code of the process
+    that started it: `python -m` looks in the working directory first, and the forty-eighth
+    session's comparisons ran the new tgsd in both arms."""
+    other = tmp_path / "other-checkout" / "tgs_runtime"
+    other.mkdir(parents=True)
+    (other / "__init__.py").write_text("raise SystemExit('the copy of TGS in the working directory ran')\n")
+    monkeypatch.chdir(other.parent)
+    d = tgsd()
+    assert d.status()["gpus"], "it answers, with its GPU"
+    assert "the copy of TGS in the working directory ran" not in d.log_path.read_text()
+
+
 @pytest.mark.parametrize("address", ["path", "abstract"])
 def test_tgsd_tells_systemd_when_it_is_ready_and_when_it_stops(tgsd, tmp_path, monkeypatch, address):
     """The unit is Type=notify: without READY=1, `systemctl start tgsd` waits, then kills it."""

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tgs_runtime.admin import AdminClient, DaemonUnavailable
-from tgs_runtime.paths import artifacts
+from tgs_runtime.paths import REPO_ROOT, artifacts
 from tgs_runtime.sim import SimSettings
 
 PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
@@ -98,7 +98,7 @@ class ChildTgsd:
 
     def __init__(self, config: dict, config_path: Path, log_path: Path):
         self.state_dir = Path(tempfile.mkdtemp(prefix="tgs-", dir="/tmp"))
-        self.config = config_path
+        self.config = config_path.resolve()  # tgsd runs elsewhere (`start`)
         self.log_path = log_path
         self.config.parent.mkdir(parents=True, exist_ok=True)
         self.config.write_text(to_toml(merge({"daemon": {"state_dir": str(self.state_dir)}}, config)))
@@ -109,11 +109,14 @@ class ChildTgsd:
 
     def start(self, timeout: float = 20) -> "ChildTgsd":
         """Starts tgsd and waits until it answers; where it does not, stops it and removes
-        its state directory before raising (the log stays, for the error to point at)."""
+        its state directory before raising (the log stays, for the error to point at). It
+        runs in the folder this process's tgs_runtime comes from, where `python -m` finds
+        that copy first: from the working directory, a side-by-side run started from one
+        checkout with PYTHONPATH naming another ran the first's tgsd in both arms."""
         env = {k: v for k, v in os.environ.items() if not k.startswith(("SIMGPU_", "TGS_"))}
         self._log = open(self.log_path, "a")
         self.proc = subprocess.Popen([sys.executable, "-m", "tgs_runtime.daemon.main", "--config", str(self.config)],
-                                     env=env, stdout=self._log, stderr=subprocess.STDOUT,
+                                     cwd=REPO_ROOT, env=env, stdout=self._log, stderr=subprocess.STDOUT,
                                      preexec_fn=ends_with_us(signal.SIGTERM))
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:

@@ -90,6 +90,25 @@ def test_production_attached_before_its_first_launch_is_profiled_once_it_launche
     assert abs(launched[-1].solo - 50_000) < 1, f"the solo figure is {launched[-1].solo:.0f}"
 
 
+def test_production_going_idle_through_a_profile_ends_it_measuring_nothing():
+    """Production that stops launching as a periodic profile starts (an evaluation on the
+    CPU, the end of a job) is idle: the profile ends at the idle rule's half second. It
+    held opportunistic work to its end, a second, and took production alone at 0 blocks/s
+    for its figure. The figure stays until production's return is profiled."""
+    r = settled(0.0)
+    run_until(r, lambda b: b.state == "profile", within_s=15)
+    r.solo = 0.0  # launching nothing
+    idle = [r.run(DT) for _ in range(20)]
+    paused = sum(b.rate == 0 for b in idle) * DT
+    assert paused <= FastController.IDLE_S + 1e-9, f"opportunistic work paused {paused:.1f} s of production's idle time"
+    assert all(abs(b.solo - 50_000) < 1 for b in idle), f"the solo figure went to {min(b.solo for b in idle):.0f}"
+    assert idle[-1].rate == UNLIMITED and idle[-1].gate
+    r.solo = 50_000.0
+    back = [r.run(DT) for _ in range(20)]
+    assert any(b.state == "profile" for b in back), "production's return is profiled"
+    assert abs(back[-1].solo - 50_000) < 1 and back[-1].rate == UNLIMITED
+
+
 def test_harm_is_cut_until_production_holds():
     r = Rig(fast(), harm=0.2)  # at 100k opportunistic blocks/s production would lose 40 %
     r.run(2, opportunistic=False)

@@ -30,7 +30,8 @@ take turns at it (`take_turns`). Pure logic: no clocks, no I/O.
   for harm (the isolation bench's 75 % duty lost a fifth of its idle time to
   that). Production's own load growing (P above S by 10 % for half a second) or falling
   (cuts that do not bring P back) triggers a new profile, unless the shims tell (below). Production launching nothing for
-  half a second lifts the limit at once, and its return is profiled (it may be a new job);
+  half a second lifts the limit at once (and ends a profile under way, which measured
+  nothing), and its return is profiled (it may be a new job);
   one attached beside opportunistic work before its first launch is idle from the start.
   A production process that starts or ends (a new job; tgsd tells) restarts the
   measurement: the moment of the change, when production does less, is not taken for harm;
@@ -791,6 +792,16 @@ class FastController:
                     self._change(t, "opportunistic work arrived beside production measured alone", Phase.RUN,
                                  UNLIMITED)
             return self._budget()
+        if self.phase in (Phase.PROFILE, Phase.RUN) and s.opportunistic \
+                and self.window.quiet_s() >= self.IDLE_S - 1e-9:
+            # production is idle (between jobs, evaluating on the CPU): no limit; the gate
+            # and the in-flight bound protect it when it comes back. A profile under way
+            # ends: it measured nothing, and held opportunistic work while production idled
+            # (to its end, a second; its figure then production alone at 0 blocks/s)
+            if not self.idle:
+                ended = "; the profile under way measured nothing" if self.phase == Phase.PROFILE else ""
+                self._idle(t, f"production launched nothing for {self.IDLE_S:g} s: no limit{ended}")
+            return self._budget()
         if self.phase == Phase.PROFILE:
             if t - self.profile_from + s.dt > self.cfg.profile_s + 1e-9:
                 fading = self._fading(t, since, covered)
@@ -834,12 +845,6 @@ class FastController:
         # RUN
         if not s.opportunistic:
             self._change(t, "no opportunistic work on the GPU", Phase.SOLO)
-            return self._budget()
-        if self.window.quiet_s() >= self.IDLE_S - 1e-9:
-            # production is idle (between jobs, evaluating on the CPU): no limit; the gate
-            # and the in-flight bound protect it when it comes back
-            if not self.idle:
-                self._idle(t, f"production launched nothing for {self.IDLE_S:g} s: no limit")
             return self._budget()
         if self.idle:  # back, perhaps as a new job with a load of its own: measure it
             self.idle = False

@@ -735,6 +735,38 @@ def test_a_small_lasting_violation_is_still_cut_within_seconds():
     assert r.budget.rate != UNLIMITED
 
 
+@pytest.mark.parametrize("dip_at", [4.0, 6.0])
+def test_a_dip_after_cuts_that_helped_is_not_taken_for_production_s_own_fall(dip_at):
+    """Opportunistic work costs production 13 % at the configured bound, 4.5 % at any rate
+    under bound one (long kernels it waits behind), so the first cut brings it back from
+    0.869 to 0.955 of its figure; then production alone slows by 12 % for 1.5 s (a slow
+    stretch of the host). Two cuts had been made soon after a profile, and the dip read as
+    low as the run's first violation: taken as production's own fall, its progress then
+    (41,750-43,932 blocks/s for 50,000) became its figure without a profile, and
+    opportunistic work ran unlimited against it; production at 0.924-0.929 of its solo
+    progress over 25 s. In the oversubscription benchmark on simgpu, one run in four:
+    production at 0.872 of exclusive, the figure 55,784 for about 66,000. Cuts that brought
+    production back once are not fruitless: the dip is profiled."""
+    r = Rig(fast(), harm=4.5, harm_upto=500, queue_harm=0.09, marked=True)
+    r.run(1, production=False)
+    r.solo = 0.0
+    r.run(1)  # attached, launching nothing: its first launches are profiled
+    r.solo = 50_000.0
+    start, produced, lowest = r.t, r.produced, r.solo
+    while r.t < start + 25 - 1e-9:
+        since = r.t - start
+        if abs(since - dip_at) < DT / 2:
+            r.solo = 44_000.0
+        elif abs(since - (dip_at + 1.5)) < DT / 2:
+            r.solo = 50_000.0
+        b = r.run(DT)
+        if since > dip_at + 1.5:
+            lowest = min(lowest, b.solo)
+    prod = (r.produced - produced) / 25 / 50_000.0
+    assert lowest >= 0.97 * 50_000.0, f"the solo figure went to {lowest:.0f} for 50000"
+    assert prod >= 0.94, f"production at {prod:.3f} of its solo progress over 25 s"
+
+
 def test_harm_of_a_few_percent_that_two_cuts_do_not_mend_is_not_taken_for_production_s_own():
     """Production 4 % slower beside any opportunistic work (waiting behind one long kernel),
     10 % beside it at full rate: two cuts soon after a profile bring back less than the

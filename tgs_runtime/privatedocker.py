@@ -83,12 +83,16 @@ def rootfs_tar(files: dict[str, Path], workdir: Path, tag: str, extra: dict[str,
 
 
 def end_processes_under(folder: Path, grace_s: float = 30) -> None:
-    """Ends what still runs with `folder` in its command line (a private dockerd, its
-    containerd and shims): a dockerd is asked first (SIGTERM, `grace_s` to stop; killed
-    outright it leaves its overlay mounts behind), then whatever remains is killed."""
+    """Ends what still runs with a path under `folder` in its command line (a private
+    dockerd, its containerd and shims): a dockerd is asked first (SIGTERM, `grace_s` to
+    stop; killed outright it leaves its overlay mounts behind), then whatever remains is
+    killed. Paths under `folder`, not the folder's name alone: `docker1` is part of
+    `docker10`."""
+    under = f"{str(folder).rstrip('/')}/"
+
     def named() -> list[psutil.Process]:
         return [p for p in psutil.process_iter(["cmdline"])
-                if p.pid != os.getpid() and str(folder) in " ".join(p.info["cmdline"] or [])]
+                if p.pid != os.getpid() and under in " ".join(p.info["cmdline"] or [])]
 
     def signal_each(procs: list[psutil.Process], sig: signal.Signals) -> None:
         for p in procs:

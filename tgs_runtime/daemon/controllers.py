@@ -154,6 +154,18 @@ class Budget:
     why: str = ""  # what the latest change of the budget answered (tgsd's decision log)
 
 
+@dataclass
+class Violations:
+    """A run of violations: decisions in a row that found production below its figure by
+    more than the tolerance (`FastController._fell`); a decision that finds it holding, a
+    profile's end, an idle spell or a turnover ends it."""
+    start_p: float      # production's progress at its first violation
+    check_below: float  # the solo figure is checked when cuts take the rate below this
+    best_p: float = 0.0  # the highest progress of its violations
+    count: int = 0
+    cuts: int = 0       # rate cuts made in it
+
+
 @dataclass(frozen=True)
 class OwnFalls:
     """A run of falls taken as production's own (`FastController._fallen_from`)."""
@@ -297,14 +309,10 @@ class FastController:
         self.decided_at = float("-inf")
         self.profile_from = 0.0
         self.profile_first: float | None = None  # the profile under way was extended: its first part's figure
-        self.violations = 0
-        self.violation_p = 0.0  # P when the current run of violations began
-        self.violation_best = 0.0  # the highest P of the run's violations
+        self.violations: Violations | None = None  # the run of violations under way, if any
         self.purpose = Purpose.MEASURE  # of the profile under way
         self.follow_at: float | None = None  # profile then: the figure was taken while the load moved
         self.follow_sign = 0  # the way the followed load last moved (1 up, -1 down; 0: not followed)
-        self.check_below = 0.0   # the run of violations checks the solo figure when cuts take the rate below this
-        self.cuts = 0           # rate cuts in the current run of violations
         self.drift_since: float | None = None
         self.profiled_at = float("-inf")
         self.reprofile_after = cfg.reprofile_s  # the periodic profile comes this long after the last (`_followed`)
@@ -526,7 +534,7 @@ class FastController:
         if covered > 0:
             found = self._followed(t, p, self.FOLLOW_MOVE * self.cfg.tolerance, -1)
             if self.follow_sign:
-                self.violations = 0  # judged afresh against the new figure
+                self.violations = None  # judged afresh against the new figure
             why = f"checked the solo figure: production alone at {p:,.0f} blocks/s; the load {found}"
         self._change(t, why, Phase.RUN)
 
@@ -603,7 +611,8 @@ class FastController:
             # harm; the rate was cut with the ease, and again, and opportunistic work
             # never had 0.8 of the idle time in that phase)
             not_own = f"under a trial of in-flight bound {self.bound.kernels}"
-        if (self.violations == 0 or self.cuts == 0) and not_own is None:
+        run = self.violations
+        if (run is None or run.cuts == 0) and not_own is None:
             # production fell with next to no opportunistic work beside it: its own
             # load changed (two jobs' bursts fell together; a PyTorch job's warm-up,
             # which its first profile caught, ended). Its present progress is its solo
@@ -613,8 +622,8 @@ class FastController:
             # undone): a fall that comes over a second or two is marginal at first,
             # where the bar (a quarter of the fall) is below the little the shims see
             # beside production anyway, and the cuts that followed took 5-6 s to say so
-            if self.violations:
-                self.violations = 0
+            if run is not None:
+                self.violations = None
                 self.bound.restore()
             self.own_falls = OwnFalls(fallen_from, t)
             steps = f" (from {fallen_from:,.0f}, in steps)" if fallen_from != solo else ""
@@ -622,12 +631,10 @@ class FastController:
             self._change(t, f"production fell to {p:,.0f} blocks/s{steps} with {seen.per_s:.4f} s/s of "
                          "opportunistic work beside it: its own load, the new solo figure")
             return
-        if self.violations == 0:
+        if run is None:
             self.rate_good = self.rate
-            self.violation_p = self.violation_best = p
-            self.cuts = 0
-            self.check_below = self.CHECK_PART * o
-        self.violations += 1
+            run = self.violations = Violations(p, self.CHECK_PART * o)
+        run.count += 1
         self.bound.unsettled()
         # a cut brings back about the part of the harm it takes off the rate, and may
         # not show within a second (work queued before it still runs: long kernels
@@ -635,10 +642,10 @@ class FastController:
         # that production's own progress changed, against a large fall as against a few
         # percent (one was taken for proof against a large fall: production was held at
         # 0.88 of its solo progress in the oversubscription benchmark)
-        self.violation_best = max(self.violation_best, p)
-        fruitless = self.cuts >= 2 and p <= self.violation_p * (1 + tol / 2)
-        if fruitless and self._far_below(self.violation_p, solo) \
-                and self.violation_best <= self.violation_p * (1 + tol / 2) \
+        run.best_p = max(run.best_p, p)
+        fruitless = run.cuts >= 2 and p <= run.start_p * (1 + tol / 2)
+        if fruitless and self._far_below(run.start_p, solo) \
+                and run.best_p <= run.start_p * (1 + tol / 2) \
                 and t - self.profiled_at <= self.ACCEPT_AFTER_PROFILE_S:
             # just measured, far below, and no decision of the run found the cuts helping:
             # take what production does now as its solo progress and undo what was tried,
@@ -651,7 +658,7 @@ class FastController:
             # work ran unlimited against it for 5 s: production at 0.872 of exclusive
             self.solo = p
             self.profiles = []
-            self.violations = 0
+            self.violations = None
             self.bound.restore()
             self.follow_at = t + self.FOLLOW_S  # taken beside opportunistic work, from a load that moved
             self._change(t, f"two cuts soon after a profile brought nothing back: production's own "
@@ -670,7 +677,7 @@ class FastController:
             self._profile(t, f"two cuts brought nothing back ({self._of_solo(p)})", purpose=Purpose.FOLLOW,
                           way=-1, resume_at=self.rate)
             return
-        if self.cuts and self.rate <= self.check_below:
+        if run.cuts and self.rate <= run.check_below:
             # the cuts have helped (else the rules above) and left at most a tenth of the
             # harm opportunistic work did, and production is still below: is the solo
             # figure still production's? (one it can no longer reach starved
@@ -683,36 +690,36 @@ class FastController:
             # helping (the controller rig, a fall of 10 % over 30 s beside work that
             # cost production 20 % at full rate: after one check that averaged, cut to 1
             # block/s for good, no cut taken as not helping and no periodic profile)
-            self.check_below = self.CHECK_PART * self.rate
+            run.check_below = self.CHECK_PART * self.rate
             self._profile(t, f"cuts to a tenth left {self._of_solo(p)}: is the figure still its own?",
                           same_load=True, purpose=Purpose.CHECK)
             return
         # first, the in-flight bound: back from a deeper trial, else fewer kernels for
         # production to wait behind
-        harm = f"{self._of_solo(p)}; {not_own}" if self.violations == 1 else self._of_solo(p)
+        harm = f"{self._of_solo(p)}; {not_own}" if run.count == 1 else self._of_solo(p)
         if self.bound.ease(t):
             self._change(t, f"{harm}: in-flight bound {self.bound.kernels}")
-            if trial_only or not self._far_below(self.violation_p, solo):
+            if trial_only or not self._far_below(run.start_p, solo):
                 return
         # far below (more than waiting behind a kernel can explain), or nothing left to
         # ease: cut the rate
         base = o if self.rate == UNLIMITED else min(float(self.rate), max(o, 1.0))
         self._change(t, f"{harm}: rate cut", rate=max(int(base * self._cut(p, solo)), 1))
-        self.cuts += 1
+        run.cuts += 1
 
     def _idle(self, t: float, why: str) -> None:
         """Production launches nothing: opportunistic work runs with no limit (the gate and
         the in-flight bound protect production when it comes back, and its return is
         profiled); what it comes back to starts afresh."""
         self.idle = True
-        self.violations = 0
+        self.violations = None
         self.rate_good = UNLIMITED
         self._change(t, why, Phase.RUN, UNLIMITED)
 
     def _held(self, t: float, o: float, long_o: float) -> None:
         """Production holds: the rate ramps back (or goes where it is unused), else the in-flight
         bound is tried (`InflightBound.holds`), and the periodic profile comes when due."""
-        self.violations = 0
+        self.violations = None
         if self.rate != UNLIMITED:
             cap = max(2.0 * o, 1.0)
             new = int(self.rate * self.RAMP) + 1
@@ -764,7 +771,7 @@ class FastController:
                 # thirty-third session: "production at 0.494 of its solo progress ...: rate
                 # cut", 30 ms after the process went)
                 self.bound.restore()
-                self.violations = 0
+                self.violations = None
                 self._change(t, "a production process started or ended: measured afresh")
                 return self._budget()
         if self.phase == Phase.FREE:
@@ -844,7 +851,7 @@ class FastController:
                     else:
                         self._profiled(p)
                 self.purpose = Purpose.MEASURE
-                self.violations = 0
+                self.violations = None
                 self.drift_since = None
                 self.resume_at = None
                 self._change(t, f"profiled: production alone at {p:,.0f} blocks/s (solo figure {self.solo or 0:,.0f})"

@@ -109,6 +109,22 @@ def test_production_going_idle_through_a_profile_ends_it_measuring_nothing():
     assert abs(back[-1].solo - 50_000) < 1 and back[-1].rate == UNLIMITED
 
 
+def test_production_that_arrives_after_an_idle_one_left_is_profiled_once():
+    """A production container idle when it went (an evaluation, then its end) left the
+    controller taking production as idle: the next production container's first launches
+    were profiled as it arrived, and again a moment later as a return from idle, pausing
+    opportunistic work for two seconds instead of one."""
+    r = settled(0.0)
+    r.solo = 0.0
+    r.run(1.0)  # idle
+    r.run(1.0, production=False)  # its container goes
+    r.solo = 50_000.0
+    arrived = [r.run(DT) for _ in range(40)]
+    profiled = sum(b.state == "profile" for b in arrived) * DT
+    assert 0 < profiled <= 1.0 + 1e-9, f"profiled for {profiled:.1f} s"
+    assert abs(arrived[-1].solo - 50_000) < 1 and arrived[-1].rate == UNLIMITED
+
+
 def test_harm_is_cut_until_production_holds():
     r = Rig(fast(), harm=0.2)  # at 100k opportunistic blocks/s production would lose 40 %
     r.run(2, opportunistic=False)

@@ -746,6 +746,7 @@ class FastController:
         self.progress = self.window.rates()[0]
         if not s.production:
             self.turnover = None
+            self.idle = False  # the next production is profiled once, as it arrives
             self._unfollow()
             if self.phase != Phase.FREE:
                 self.solo, self.profiles = None, []

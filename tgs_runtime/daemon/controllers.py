@@ -716,6 +716,13 @@ class FastController:
         self.rate_good = UNLIMITED
         self._change(t, why, Phase.RUN, UNLIMITED)
 
+    def _idle_why(self) -> str:
+        """The decision log's words for production found idle, by what it was doing."""
+        if self.phase == Phase.FREE:
+            return "production attached, launching nothing yet: no limit"
+        ended = "; the profile under way measured nothing" if self.phase == Phase.PROFILE else ""
+        return f"production launched nothing for {self.IDLE_S:g} s: no limit{ended}"
+
     def _held(self, t: float, o: float, long_o: float) -> None:
         """Production holds: the rate ramps back (or goes where it is unused), else the in-flight
         bound is tried (`InflightBound.holds`), and the periodic profile comes when due."""
@@ -775,15 +782,20 @@ class FastController:
                 self.violations = None
                 self._change(t, "a production process started or ended: measured afresh")
                 return self._budget()
+        if self.phase != Phase.SOLO and s.opportunistic and self.window.quiet_s() >= self.IDLE_S - 1e-9:
+            # production is idle (between jobs, evaluating on the CPU): no limit; the gate
+            # and the in-flight bound protect it when it comes back, and its return is
+            # profiled. One attached before its first launch (at its container's creation,
+            # seconds before its first kernel) is idle until then: a profile at the attach
+            # measured nothing, paused opportunistic work for a second, read production alone
+            # at 0 blocks/s, and its first launches were profiled again (every start of the
+            # oversubscription benchmark's production). A profile under way ends: it measured
+            # nothing, and held opportunistic work while production idled (to its end, a
+            # second; its figure then production alone at 0 blocks/s)
+            if not self.idle:
+                self._idle(t, self._idle_why())
+            return self._budget()
         if self.phase == Phase.FREE:
-            if s.opportunistic and self.window.quiet_s() >= self.IDLE_S - 1e-9:
-                # attached before its first launch (at its container's creation, seconds before
-                # its first kernel): idle until then, its first launches profiled as a return
-                # from idle. A profile now measured nothing: it paused opportunistic work for a
-                # second, read production alone at 0 blocks/s, and the first launches were
-                # profiled again (every start of the oversubscription benchmark's production)
-                self._idle(t, "production attached, launching nothing yet: no limit")
-                return self._budget()
             self._change(t, "production arrived", Phase.SOLO if not s.opportunistic else Phase.PROFILE)
             if self.phase == Phase.PROFILE:
                 self._profile(t, "production arrived")
@@ -807,16 +819,6 @@ class FastController:
                     self.bound.restore()
                     self._change(t, "opportunistic work arrived beside production measured alone", Phase.RUN,
                                  UNLIMITED)
-            return self._budget()
-        if self.phase in (Phase.PROFILE, Phase.RUN) and s.opportunistic \
-                and self.window.quiet_s() >= self.IDLE_S - 1e-9:
-            # production is idle (between jobs, evaluating on the CPU): no limit; the gate
-            # and the in-flight bound protect it when it comes back. A profile under way
-            # ends: it measured nothing, and held opportunistic work while production idled
-            # (to its end, a second; its figure then production alone at 0 blocks/s)
-            if not self.idle:
-                ended = "; the profile under way measured nothing" if self.phase == Phase.PROFILE else ""
-                self._idle(t, f"production launched nothing for {self.IDLE_S:g} s: no limit{ended}")
             return self._budget()
         if self.phase == Phase.PROFILE:
             if t - self.profile_from + s.dt > self.cfg.profile_s + 1e-9:

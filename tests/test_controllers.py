@@ -125,6 +125,25 @@ def test_production_that_arrives_after_an_idle_one_left_is_profiled_once():
     assert abs(arrived[-1].solo - 50_000) < 1 and arrived[-1].rate == UNLIMITED
 
 
+@pytest.mark.parametrize("leaves", ["production", "both"])
+def test_a_new_pair_does_not_start_at_the_last_pair_s_cut_rate(leaves):
+    """A pair whose harm had the rate cut ends (its production job, or both jobs); the
+    next pair's profile went back to the rate the last one found good, 21,001 blocks/s,
+    and opportunistic work that harmed nothing ramped from there for seconds."""
+    r = Rig(fast(), harm=0.1, overlap=1.0, marked=True)
+    r.run(10)
+    assert r.budget.rate != UNLIMITED, "the pair's harm had the rate cut"
+    if leaves == "production":
+        r.run(1, production=False)
+    else:
+        r.run(1, opportunistic=False)
+        r.run(1, production=False, opportunistic=False)
+        r.run(0.5, opportunistic=False)  # the next production job first, alone for half a second
+    r.harm = 0.0
+    b = run_until(r, lambda b: b.state == "run", within_s=3)
+    assert b.rate == UNLIMITED, f"the new pair starts at {b.rate:,} blocks/s ({r.ctl.why})"
+
+
 def test_harm_is_cut_until_production_holds():
     r = Rig(fast(), harm=0.2)  # at 100k opportunistic blocks/s production would lose 40 %
     r.run(2, opportunistic=False)

@@ -751,6 +751,11 @@ class FastController:
         since = self.changed_at + self.SETTLE_S
         p, o, covered = self.window.rates(since)
         self.progress = self.window.rates()[0]
+        if not (s.production and s.opportunistic):
+            # no pair: the rate one found good is not the next one's (a profile went back
+            # to it: a new production job or a new opportunistic one started at the last
+            # pair's cut rate, 21,001 blocks/s in the controller rig, and ramped from there)
+            self.rate_good = UNLIMITED
         if not s.production:
             self.turnover = None
             self.idle = False  # the next production is profiled once, as it arrives
@@ -815,7 +820,6 @@ class FastController:
                 if self.solo is None:
                     self._profile(t, "opportunistic work arrived")
                 else:  # a new pair whose production is known: no profile, a fresh start
-                    self.rate_good = UNLIMITED
                     self.bound.restore()
                     self._change(t, "opportunistic work arrived beside production measured alone", Phase.RUN,
                                  UNLIMITED)

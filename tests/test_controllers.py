@@ -125,6 +125,31 @@ def test_production_that_arrives_after_an_idle_one_left_is_profiled_once():
     assert abs(arrived[-1].solo - 50_000) < 1 and arrived[-1].rate == UNLIMITED
 
 
+@pytest.mark.parametrize("marked", [True, False])
+def test_production_alone_back_from_an_idle_spell_is_measured_from_its_return(marked):
+    """Production alone that idles (an evaluation, a checkpoint) keeps the figure it
+    launched at (tgs status read "solo 0"), and launching again is measured from its
+    return. The figure came from a window holding the idle spell (8,621 blocks/s for
+    50,000 half a second after it), and opportunistic work arriving then ran against it
+    with no profile (the last one was within a minute): the rise rule raised it to
+    production's progress beside unlimited work, 48,000, and the rate was cut against that
+    (production 0.916 of solo over 30 s)."""
+    r = Rig(fast(), harm=0.1, overlap=1.0, marked=marked)
+    r.run(10)  # a pair, profiled
+    r.run(2, opportunistic=False)  # its opportunistic job ends
+    r.solo = 0.0
+    idle = r.run(5, opportunistic=False)
+    assert idle.solo is not None and idle.solo >= 0.8 * 50_000, f"production alone and idle: figure {idle.solo}"
+    r.solo = 50_000.0
+    r.run(0.5, opportunistic=False)  # back, and a new opportunistic job arrives
+    before = r.produced
+    shared = [r.run(DT) for _ in range(round(30 / DT))]
+    held = sorted({round(b.solo) for b in shared if b.state == "run"})
+    assert held[0] >= 0.97 * 50_000, f"figures held against opportunistic work: {held}"
+    production = (r.produced - before) / 30
+    assert production >= 0.94 * 50_000, f"production at {production / 50_000:.3f} of solo over 30 s"
+
+
 @pytest.mark.parametrize("leaves", ["production", "both"])
 def test_a_new_pair_does_not_start_at_the_last_pair_s_cut_rate(leaves):
     """A pair whose harm had the rate cut ends (its production job, or both jobs); the

@@ -33,6 +33,10 @@ take turns at it (`take_turns`). Pure logic: no clocks, no I/O.
   half a second lifts the limit at once (and ends a profile under way, which measured
   nothing), and its return is profiled (it may be a new job);
   one attached beside opportunistic work before its first launch is idle from the start.
+  Production alone that idles keeps the figure it launched at, and launching again is
+  measured from its return (a figure over a window holding the idle spell was a fraction
+  of its progress); opportunistic work arriving before a second of that profiles it. A
+  pair that ends takes the rate it was cut to with it: the next starts unlimited.
   A production process that starts or ends (a new job; tgsd tells) restarts the
   measurement: the moment of the change, when production does less, is not taken for harm;
   a second after it, progress outside [1 - tolerance, 1.1] times the solo figure says the
@@ -806,7 +810,24 @@ class FastController:
                 self._profile(t, "production arrived")
             return self._budget()
         if self.phase == Phase.SOLO:
-            if covered >= self.MIN_DATA_S and not s.opportunistic:
+            launching = self.window.quiet_s() < self.IDLE_S - 1e-9
+            if not launching:
+                # alone and idle (attached before its first launch, or between jobs): its
+                # figure stays what it was while it launched (an idle spell is no load)
+                self.idle = True
+            elif self.idle:
+                # back, perhaps as a new job: measured from its return alone. The window
+                # before it held the idle spell, and the figure it gave (8,621 blocks/s for
+                # 50,000 half a second after an idle spell in the controller rig) was held
+                # against production by opportunistic work arriving then, with no profile
+                # (one came within a minute of the last): the rise rule raised it to
+                # production's progress beside unlimited work, and the rate was cut
+                # against that (production 0.916 of solo over 30 s at harm 0.1)
+                self.idle = False
+                self.solo, self.profiles = None, []
+                self._change(t, "production launching, alone: measured from now")
+                return self._budget()
+            if covered >= self.MIN_DATA_S and not s.opportunistic and launching:
                 # measured alone: the figure; profiles of the load before are not averaged
                 # with later ones (they pulled the figure back towards a load production no
                 # longer ran at the next periodic profile). Not from the period in which

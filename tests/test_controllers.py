@@ -169,6 +169,22 @@ def test_a_new_pair_does_not_start_at_the_last_pair_s_cut_rate(leaves):
     assert b.rate == UNLIMITED, f"the new pair starts at {b.rate:,} blocks/s ({r.ctl.why})"
 
 
+def test_a_new_pair_s_first_violation_is_not_judged_as_the_last_pair_s():
+    """A pair ends in the middle of a run of violations (two cuts made against harm that
+    does not shrink with the rate); the next pair's first violation, production's own
+    fall with nothing beside it, was judged as the run's third: "two cuts brought nothing
+    back", a profile and a follow-up (opportunistic work paused two seconds), where a
+    fresh run takes such a fall as production's own at once."""
+    r = Rig(fast(), harm=1.0, harm_upto=3_000, overlap=1.0, marked=True)
+    run_until(r, lambda b: r.ctl.violations is not None and r.ctl.violations.cuts >= 2, within_s=30)
+    r.run(3, opportunistic=False)  # the pair ends: production alone, measured
+    r.solo, r.harm = 40_000.0, 0.0  # its own load falls; the next opportunistic job harms nothing
+    r.run(0.5, opportunistic=False)
+    shared = [r.run(DT) for _ in range(round(5 / DT))]
+    assert not any(b.state == "profile" for b in shared), f"profiled: {r.ctl.why}"
+    assert abs(shared[-1].solo - 40_000) < 1 and shared[-1].rate == UNLIMITED, r.ctl.why
+
+
 def test_harm_is_cut_until_production_holds():
     r = Rig(fast(), harm=0.2)  # at 100k opportunistic blocks/s production would lose 40 %
     r.run(2, opportunistic=False)

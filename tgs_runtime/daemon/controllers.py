@@ -36,7 +36,8 @@ take turns at it (`take_turns`). Pure logic: no clocks, no I/O.
   Production alone that idles keeps the figure it launched at, and launching again is
   measured from its return (a figure over a window holding the idle spell was a fraction
   of its progress); opportunistic work arriving before a second of that profiles it. A
-  pair that ends takes the rate it was cut to with it: the next starts unlimited.
+  pair that ends takes the rate it was cut to and its run of violations with it: the
+  next starts unlimited, afresh.
   A production process that starts or ends (a new job; tgsd tells) restarts the
   measurement: the moment of the change, when production does less, is not taken for harm;
   a second after it, progress outside [1 - tolerance, 1.1] times the solo figure says the
@@ -756,10 +757,15 @@ class FastController:
         p, o, covered = self.window.rates(since)
         self.progress = self.window.rates()[0]
         if not (s.production and s.opportunistic):
-            # no pair: the rate one found good is not the next one's (a profile went back
-            # to it: a new production job or a new opportunistic one started at the last
-            # pair's cut rate, 21,001 blocks/s in the controller rig, and ramped from there)
+            # no pair: what the last one found is not the next one's. The rate it found
+            # good (a profile went back to it: a new production job or a new opportunistic
+            # one started at the last pair's cut rate, 21,001 blocks/s in the controller
+            # rig, and ramped from there), its run of violations (the next pair's first
+            # was judged as its third: "two cuts brought nothing back", and two profiles
+            # where production's own fall, nothing beside it, was its figure at once) and
+            # a rise it was timing
             self.rate_good = UNLIMITED
+            self.violations = self.drift_since = None
         if not s.production:
             self.turnover = None
             self.idle = False  # the next production is profiled once, as it arrives

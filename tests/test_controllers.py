@@ -150,6 +150,24 @@ def test_production_alone_back_from_an_idle_spell_is_measured_from_its_return(ma
     assert production >= 0.94 * 50_000, f"production at {production / 50_000:.3f} of solo over 30 s"
 
 
+def test_opportunistic_work_arriving_beside_production_alone_and_idle_is_not_paused_until_it_launches():
+    """Production's container is created first and launches nothing yet (it loads its
+    data); an opportunistic one arrives. Nothing is paused until production launches, and
+    its first launches are profiled once (production alone and idle taken as idle in
+    fc54aa1 was profiled as opportunistic work arrived: two seconds of pause measuring
+    nothing, extended, and profiled again as it launched)."""
+    r = Rig(fast(), marked=True)
+    r.solo = 0.0
+    r.run(2, opportunistic=False)
+    waiting = [r.run(DT) for _ in range(20)]
+    assert all(b.rate == UNLIMITED for b in waiting), f"paused beside idle production: {r.ctl.why}"
+    r.solo = 50_000.0
+    launching = [r.run(DT) for _ in range(40)]
+    profiled = sum(b.state == "profile" for b in launching) * DT
+    assert 0 < profiled <= 1.0 + 1e-9, f"profiled for {profiled:.1f} s"
+    assert abs(launching[-1].solo - 50_000) < 1 and launching[-1].rate == UNLIMITED
+
+
 @pytest.mark.parametrize("leaves", ["production", "both"])
 def test_a_new_pair_does_not_start_at_the_last_pair_s_cut_rate(leaves):
     """A pair whose harm had the rate cut ends (its production job, or both jobs); the

@@ -35,9 +35,10 @@ take turns at it (`take_turns`). Pure logic: no clocks, no I/O.
   one attached beside opportunistic work before its first launch is idle from the start.
   Production alone that idles keeps the figure it launched at, and launching again is
   measured from its return (a figure over a window holding the idle spell was a fraction
-  of its progress); opportunistic work arriving before a second of that profiles it. A
-  pair that ends takes the rate it was cut to and its run of violations with it: the
-  next starts unlimited, afresh.
+  of its progress); opportunistic work arriving before a second of that profiles it, and
+  arriving while it idles pauses nothing until it launches (its return is profiled). A
+  pair that ends takes the rate it was cut to, its run of violations and its in-flight
+  bound with it: the next starts unlimited, afresh.
   A production process that starts or ends (a new job; tgsd tells) restarts the
   measurement: the moment of the change, when production does less, is not taken for harm;
   a second after it, progress outside [1 - tolerance, 1.1] times the solo figure says the
@@ -725,6 +726,8 @@ class FastController:
         """The decision log's words for production found idle, by what it was doing."""
         if self.phase == Phase.FREE:
             return "production attached, launching nothing yet: no limit"
+        if self.phase == Phase.SOLO:
+            return "opportunistic work arrived beside production launching nothing: no limit"
         ended = "; the profile under way measured nothing" if self.phase == Phase.PROFILE else ""
         return f"production launched nothing for {self.IDLE_S:g} s: no limit{ended}"
 
@@ -763,9 +766,10 @@ class FastController:
             # rig, and ramped from there), its run of violations (the next pair's first
             # was judged as its third: "two cuts brought nothing back", and two profiles
             # where production's own fall, nothing beside it, was its figure at once) and
-            # a rise it was timing
+            # a rise it was timing; and its in-flight bound (eased or on trial)
             self.rate_good = UNLIMITED
             self.violations = self.drift_since = None
+            self.bound.restore()
         if not s.production:
             self.turnover = None
             self.idle = False  # the next production is profiled once, as it arrives
@@ -797,7 +801,8 @@ class FastController:
                 self.violations = None
                 self._change(t, "a production process started or ended: measured afresh")
                 return self._budget()
-        if self.phase != Phase.SOLO and s.opportunistic and self.window.quiet_s() >= self.IDLE_S - 1e-9:
+        quiet = self.window.quiet_s() >= self.IDLE_S - 1e-9
+        if s.opportunistic and quiet:
             # production is idle (between jobs, evaluating on the CPU): no limit; the gate
             # and the in-flight bound protect it when it comes back, and its return is
             # profiled. One attached before its first launch (at its container's creation,
@@ -806,8 +811,10 @@ class FastController:
             # at 0 blocks/s, and its first launches were profiled again (every start of the
             # oversubscription benchmark's production). A profile under way ends: it measured
             # nothing, and held opportunistic work while production idled (to its end, a
-            # second; its figure then production alone at 0 blocks/s)
-            if not self.idle:
+            # second; its figure then production alone at 0 blocks/s). Production alone
+            # and idle when opportunistic work arrives is not profiled until it launches
+            # (a profile of it measured nothing for two seconds, and was extended)
+            if not (self.idle and self.phase == Phase.RUN):
                 self._idle(t, self._idle_why())
             return self._budget()
         if self.phase == Phase.FREE:
@@ -816,12 +823,12 @@ class FastController:
                 self._profile(t, "production arrived")
             return self._budget()
         if self.phase == Phase.SOLO:
-            launching = self.window.quiet_s() < self.IDLE_S - 1e-9
-            if not launching:
+            if quiet:
                 # alone and idle (attached before its first launch, or between jobs): its
                 # figure stays what it was while it launched (an idle spell is no load)
                 self.idle = True
-            elif self.idle:
+                return self._budget()
+            if self.idle:
                 # back, perhaps as a new job: measured from its return alone. The window
                 # before it held the idle spell, and the figure it gave (8,621 blocks/s for
                 # 50,000 half a second after an idle spell in the controller rig) was held
@@ -833,7 +840,7 @@ class FastController:
                 self.solo, self.profiles = None, []
                 self._change(t, "production launching, alone: measured from now")
                 return self._budget()
-            if covered >= self.MIN_DATA_S and not s.opportunistic and launching:
+            if covered >= self.MIN_DATA_S and not s.opportunistic:
                 # measured alone: the figure; profiles of the load before are not averaged
                 # with later ones (they pulled the figure back towards a load production no
                 # longer ran at the next periodic profile). Not from the period in which
@@ -846,8 +853,7 @@ class FastController:
             if s.opportunistic:
                 if self.solo is None:
                     self._profile(t, "opportunistic work arrived")
-                else:  # a new pair whose production is known: no profile, a fresh start
-                    self.bound.restore()
+                else:  # a new pair whose production is known: no profile
                     self._change(t, "opportunistic work arrived beside production measured alone", Phase.RUN,
                                  UNLIMITED)
             return self._budget()

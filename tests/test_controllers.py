@@ -168,6 +168,28 @@ def test_opportunistic_work_arriving_beside_production_alone_and_idle_is_not_pau
     assert abs(launching[-1].solo - 50_000) < 1 and launching[-1].rate == UNLIMITED
 
 
+def test_a_fall_taken_as_production_s_own_before_it_was_measured_alone_does_not_discredit_the_overlap_signal():
+    """Production's own fall is taken as its own (nothing beside it); its opportunistic job
+    ends, and alone its load rises back, measured. The next periodic profile judged the
+    overlap signal by the figure the fall had left, took the rise for the signal caught
+    out, and production's next fall of its own was taken for harm: the in-flight bound at
+    one and the rate cut against harmless work."""
+    r = Rig(fast(reprofile_s=20), marked=True, overlap=1.0)
+    r.run(5)
+    r.solo = 40_000.0
+    b = run_until(r, lambda b: abs(b.solo - 40_000) < 1, within_s=5)  # its own fall
+    r.run(3, opportunistic=False)
+    r.solo = 50_000.0
+    r.run(3, opportunistic=False)  # alone, back up, measured
+    run_until(r, lambda b: b.state == "profile", within_s=25)  # opportunistic work back; the periodic profile
+    r.run(3)
+    r.solo = 40_000.0  # its own load falls again
+    after = [r.run(DT) for _ in range(round(8 / DT))]
+    held_back = [b for b in after if b.rate != UNLIMITED or b.inflight == 1]
+    assert not held_back, f"harmless work held back: {held_back[0].why}"
+    assert abs(after[-1].solo - 40_000) < 1, r.ctl.why
+
+
 @pytest.mark.parametrize("leaves", ["production", "both"])
 def test_a_new_pair_does_not_start_at_the_last_pair_s_cut_rate(leaves):
     """A pair whose harm had the rate cut ends (its production job, or both jobs); the

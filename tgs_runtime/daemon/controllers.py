@@ -846,8 +846,12 @@ class FastController:
                 # longer ran at the next periodic profile). Not from the period in which
                 # opportunistic work arrived: its harm was taken into the figure (49,643
                 # blocks/s for 50,000 in the controller rig, held against production until
-                # the periodic profile)
-                self.solo, self.profiles = p, []
+                # the periodic profile). Nor is a figure taken from a change seen as
+                # production's own what a later profile judges the overlap signal by: a
+                # load that rose again while alone was taken for the signal caught out, and
+                # production's next fall of its own for harm (the in-flight bound at one,
+                # the rate cut)
+                self.solo, self.profiles, self.own_figure = p, [], None
                 self.turnover = None  # measured alone since the change
                 self._unfollow()
             if s.opportunistic:

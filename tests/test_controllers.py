@@ -177,7 +177,7 @@ def test_a_fall_taken_as_production_s_own_before_it_was_measured_alone_does_not_
     r = Rig(fast(reprofile_s=20), marked=True, overlap=1.0)
     r.run(5)
     r.solo = 40_000.0
-    b = run_until(r, lambda b: abs(b.solo - 40_000) < 1, within_s=5)  # its own fall
+    run_until(r, lambda b: abs(b.solo - 40_000) < 1, within_s=5)  # its own fall
     r.run(3, opportunistic=False)
     r.solo = 50_000.0
     r.run(3, opportunistic=False)  # alone, back up, measured

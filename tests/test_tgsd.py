@@ -719,6 +719,24 @@ def test_status_schema(simgpu, tgsd, libshim):
 
 
 
+def test_production_measured_alone_is_no_new_decision(simgpu, tgsd, libshim):
+    """Production alone moves its solo figure every control period. Each move was taken
+    for a decision: logged (at debug level) ten times a second with the reason of the last
+    one, "production arrived", and `tgs status` read that decision 0.1 s old for as long
+    as production ran alone."""
+    d = tgsd()
+    prod = d.register("production")
+    job = simgpu.workload(Workload.with_duty(0.5, seconds=5, report_s=0.5), "solo", prod.env(libshim.shim))
+    simgpu.wait_for_contexts(["solo"])
+    time.sleep(3)
+    ctl = d.status()["gpus"][0]["controller"]
+    job.wait(60)
+    assert ctl["state"] == "solo" and ctl["solo_blocks_per_s"], ctl
+    assert ctl["decision"]["age_s"] >= 1.5, f"production alone read as a decision {ctl['decision']['age_s']} s ago"
+    decisions = [e for e in d.events() if e.get("event") == "controller decision"]
+    assert len(decisions) <= 5, [e["why"] for e in decisions]
+
+
 def test_a_job_with_host_work_between_launches_gets_the_idle_time_once_the_bound_deepens(simgpu, tgsd, libshim):
     """100 us kernels with 3 ms of host work mid-iteration beside production at 50 % duty:
     under a bound of two the GPU runs dry during the host work (about 0.8 of the idle

@@ -190,6 +190,18 @@ def test_a_fall_taken_as_production_s_own_before_it_was_measured_alone_does_not_
     assert abs(after[-1].solo - 40_000) < 1, r.ctl.why
 
 
+def test_production_idle_brings_back_the_configured_in_flight_bound():
+    """Harm had the bound eased to one kernel; production then idles (an evaluation on the
+    CPU, a checkpoint). Opportunistic work, alone on the GPU meanwhile, was held at one
+    kernel in flight for the whole idle spell; the configured bound protects production's
+    return as well as it does a new pair's, and the return is profiled."""
+    r = Rig(fast(), harm=0.03, overlap=1.0, marked=True)
+    run_until(r, lambda b: b.inflight == 1, within_s=10)
+    r.solo = 0.0
+    idle = [r.run(DT) for _ in range(round(10 / DT))][10:]  # from its first second
+    assert all(b.inflight == 2 and b.rate == UNLIMITED for b in idle), {(b.inflight, b.why) for b in idle}
+
+
 @pytest.mark.parametrize("leaves", ["production", "both"])
 def test_a_new_pair_does_not_start_at_the_last_pair_s_cut_rate(leaves):
     """A pair whose harm had the rate cut ends (its production job, or both jobs); the

@@ -30,8 +30,9 @@ take turns at it (`take_turns`). Pure logic: no clocks, no I/O.
   for harm (the isolation bench's 75 % duty lost a fifth of its idle time to
   that). Production's own load growing (P above S by 10 % for half a second) or falling
   (cuts that do not bring P back) triggers a new profile, unless the shims tell (below). Production launching nothing for
-  half a second lifts the limit at once (and ends a profile under way, which measured
-  nothing), and its return is profiled (it may be a new job);
+  half a second lifts the limit at once and brings back the configured in-flight bound
+  (and ends a profile under way, which measured nothing), and its return is profiled (it
+  may be a new job);
   one attached beside opportunistic work before its first launch is idle from the start.
   Production alone that idles keeps the figure it launched at, and launching again is
   measured from its return (a figure over a window holding the idle spell was a fraction
@@ -715,11 +716,14 @@ class FastController:
 
     def _idle(self, t: float, why: str) -> None:
         """Production launches nothing: opportunistic work runs with no limit (the gate and
-        the in-flight bound protect production when it comes back, and its return is
-        profiled); what it comes back to starts afresh."""
+        the configured in-flight bound protect production when it comes back, and its
+        return is profiled); what it comes back to starts afresh. The bound too: one eased
+        against the last load's harm held opportunistic work at one kernel in flight for
+        the whole idle spell (15 s in the controller rig)."""
         self.idle = True
         self.violations = None
         self.rate_good = UNLIMITED
+        self.bound.restore()
         self._change(t, why, Phase.RUN, UNLIMITED)
 
     def _idle_why(self) -> str:

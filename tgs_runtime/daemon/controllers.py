@@ -714,16 +714,26 @@ class FastController:
         self._change(t, f"{harm}: rate cut", rate=max(int(base * self._cut(p, solo)), 1))
         run.cuts += 1
 
+    def _afresh(self) -> None:
+        """What the last pair, or production's load before an idle spell, found is not what
+        comes next's: the rate it found good (a profile went back to it: a new production
+        job or a new opportunistic one started at the last pair's cut rate, 21,001 blocks/s
+        in the controller rig, and ramped from there), its run of violations (the next
+        pair's first was judged as its third: "two cuts brought nothing back", and two
+        profiles where production's own fall, nothing beside it, was its figure at once), a
+        rise it was timing, and its in-flight bound (eased or on trial: one eased against
+        the last load's harm held opportunistic work at one kernel in flight for a whole
+        idle spell, 15 s in the controller rig)."""
+        self.rate_good = UNLIMITED
+        self.violations = self.drift_since = None
+        self.bound.restore()
+
     def _idle(self, t: float, why: str) -> None:
         """Production launches nothing: opportunistic work runs with no limit (the gate and
         the configured in-flight bound protect production when it comes back, and its
-        return is profiled); what it comes back to starts afresh. The bound too: one eased
-        against the last load's harm held opportunistic work at one kernel in flight for
-        the whole idle spell (15 s in the controller rig)."""
+        return is profiled); what it comes back to starts afresh (`_afresh`)."""
         self.idle = True
-        self.violations = None
-        self.rate_good = UNLIMITED
-        self.bound.restore()
+        self._afresh()
         self._change(t, why, Phase.RUN, UNLIMITED)
 
     def _idle_why(self) -> str:
@@ -764,16 +774,7 @@ class FastController:
         p, o, covered = self.window.rates(since)
         self.progress = self.window.rates()[0]
         if not (s.production and s.opportunistic):
-            # no pair: what the last one found is not the next one's. The rate it found
-            # good (a profile went back to it: a new production job or a new opportunistic
-            # one started at the last pair's cut rate, 21,001 blocks/s in the controller
-            # rig, and ramped from there), its run of violations (the next pair's first
-            # was judged as its third: "two cuts brought nothing back", and two profiles
-            # where production's own fall, nothing beside it, was its figure at once) and
-            # a rise it was timing; and its in-flight bound (eased or on trial)
-            self.rate_good = UNLIMITED
-            self.violations = self.drift_since = None
-            self.bound.restore()
+            self._afresh()  # no pair: what the last one found is not the next one's
         if not s.production:
             self.turnover = None
             self.idle = False  # the next production is profiled once, as it arrives

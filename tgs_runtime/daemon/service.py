@@ -613,7 +613,7 @@ class Daemon:
         # a decision: the budget or its reason changed. Not the solo figure alone: production
         # measured alone moves it every period, and "production arrived" was logged ten
         # times a second and read 0.1 s old in `tgs status` for as long as production ran alone
-        if (st.last.get("rate"), st.last.get("state"), st.last.get("inflight"), st.last.get("why")) != (
+        if (st.last.get("rate"), st.last.get("state"), st.last.get("inflight"), decided and decided[1]) != (
                 budget.rate, budget.state, budget.inflight, budget.why):
             decided = (now, budget.why)  # for `tgs status`: the latest decision, and why
             self.log.debug("controller decision", gpu=uuid, state=budget.state, rate=_rate_text(budget.rate),
@@ -623,8 +623,7 @@ class Daemon:
                            shares={k: _rate_text(v) for k, v in rates.items()}, **({"why": budget.why} if budget.why else {}))
         gate = budget.gate and not self._production_holds_an_idle_gpu(st, now, bool(prod), prod_blocks > 0)
         st.last = {"state": budget.state, "rate": budget.rate, "solo": budget.solo, "progress": budget.progress,
-                   "inflight": budget.inflight, "gate": gate, "overlap": budget.overlap, "decided": decided,
-                   "why": budget.why}
+                   "inflight": budget.inflight, "gate": gate, "overlap": budget.overlap, "decided": decided}
         # behind production, one container launches at a time; without production, all at once
         if gate:
             turns = take_turns(st.share, rates, budget.rate, dt)

@@ -65,6 +65,7 @@ class Rig:
         self.queued = collections.deque([capacity] * round(lag_s / DT))  # opportunistic work still to hurt
         self.produced = 0.0  # production's blocks so far
         self.marked = marked  # production's shim marks an iteration start every DT (tgsd times its progress)
+        self.mark: Mark | None = None  # production's latest iteration start
 
     def run(self, seconds, production=True, opportunistic=True):
         for _ in range(round(seconds / DT)):
@@ -91,7 +92,13 @@ class Rig:
             if self.overlap is not None and production and opportunistic and self.solo:  # (solo 0: idle)
                 lost = 1 - prod / self.solo
                 seen = Overlap(0.5 * DT, 0.5 * DT, (self.overlap * lost + self.beside) * DT)
-            marks = (Mark("production", self.t, int(self.produced)),) if self.marked and production else ()
+            # production's shim marks the first launch after an idle spell: in a step without
+            # production's work tgsd reads the mark before it again
+            if not production:
+                self.mark = None  # production that comes back is a new container, unmarked
+            elif self.marked and self.solo:
+                self.mark = Mark("production", self.t, int(self.produced))
+            marks = (self.mark,) if self.marked and production and self.mark else ()
             self.budget = self.ctl.step(Sample(self.t, DT, int(prod * DT), int(opp * DT), production, opportunistic,
                                                marks, production_processes=self.processes, overlap=seen))
         return self.budget

@@ -211,18 +211,20 @@ class ControllerTrace:
     @staticmethod
     def _counted(inside: list[tuple[float, dict]]) -> dict:
         """Per second between the first and the last sample, from the containers' counters
-        (those in both): production busy (the busiest production container), opportunistic
-        waiting behind it, its work beside it, and its launching threads' other waits by
-        cause (proto.SHIM_WAITS; summed over the opportunistic containers). None: fewer than two
-        samples."""
-        keys = ("production_busy_per_s", "production_iteration_starts_per_s", "opportunistic_gated_per_s",
-                "opportunistic_beside_per_s", *(f"opportunistic_{k}_per_s" for k in proto.SHIM_WAITS))
+        (those in both): production busy (the busiest production container), its iteration
+        starts and its pauses of its own (summed over the production containers),
+        opportunistic waiting behind it, its work beside it, and its launching threads'
+        other waits by cause (proto.SHIM_WAITS; summed over the opportunistic containers).
+        None: fewer than two samples."""
+        keys = ("production_busy_per_s", "production_iteration_starts_per_s", "production_paused_per_s",
+                "opportunistic_gated_per_s", "opportunistic_beside_per_s",
+                *(f"opportunistic_{k}_per_s" for k in proto.SHIM_WAITS))
         if len(inside) < 2 or inside[-1][0] <= inside[0][0]:
             return dict.fromkeys(keys)
         (t0, g0), (t1, g1) = inside[0], inside[-1]
         first = {c["id"]: c for c in g0["containers"]}
         grew = [(c["class"], {k: c.get(k, 0) - first[c["id"]].get(k, 0)
-                              for k in ("busy_s", "iteration_starts", "beside_production_s",
+                              for k in ("busy_s", "iteration_starts", "paused_s", "beside_production_s",
                                         *map(proto.wait_key, proto.WAIT_CAUSES))})
                 for c in g1["containers"] if c["id"] in first]
         dt = t1 - t0
@@ -230,6 +232,7 @@ class ControllerTrace:
         opp = [d for cls, d in grew if cls == "opportunistic"]
         return dict(zip(keys, (round(max((d["busy_s"] for d in prod), default=0) / dt, 3),
                                round(sum(d["iteration_starts"] for d in prod) / dt, 2),
+                               round(sum(d["paused_s"] for d in prod) / dt, 3),
                                round(sum(d["gated_s"] for d in opp) / dt, 3),
                                round(sum(d["beside_production_s"] for d in opp) / dt, 4),
                                *(round(sum(d[proto.wait_key(k)] for d in opp) / dt, 3) for k in proto.SHIM_WAITS))))
@@ -242,7 +245,8 @@ class ControllerTrace:
         beside = s["beside_production_per_s_median"]
         counted = ("" if s["production_busy_per_s"] is None else
                    f"; production's shims counted it busy {s['production_busy_per_s']:g} s/s in "
-                   f"{s['production_iteration_starts_per_s']:g} iterations/s, the opportunistic "
+                   f"{s['production_iteration_starts_per_s']:g} iterations/s and paused on its own "
+                   f"{s['production_paused_per_s']:g} s/s, the opportunistic "
                    f"ones waited behind it {s['opportunistic_gated_per_s']:g} s/s with their own work beside it "
                    f"{s['opportunistic_beside_per_s']:g} s/s, and "
                    + proto.waits_in_words({k: s.get(f"opportunistic_{k}_per_s") for k in proto.SHIM_WAITS}, "s/s"))

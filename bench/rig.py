@@ -1,6 +1,6 @@
 """`tgs bench rig`: tgsd's `fast` controller in a model of production and harm, where
 production's own load moves within one job (no idle moment, no process starting or ending
-to tell): it falls, rises or waves while opportunistic work harms it.
+to tell): it falls, rises, waves or stalls while opportunistic work harms it.
 
 The model (`Rig`, also the unit tests' rig): production makes `solo` blocks/s alone; each
 opportunistic block/s it runs costs production `harm` blocks/s, `lag` seconds later (work
@@ -9,17 +9,22 @@ at 50,000 blocks/s alone, measured, opportunistic work beside it), its load move
 followed for 120 s in 10 s windows: production against its true solo progress, and
 opportunistic work against what costs production exactly the tolerance ("allowed", at
 most the rig's 100,000). Falls of 10, 30 and 50 % over 0-60 s, rises of 10, 30 and 50 %
-over 0.1-30 s and waves of +-5-20 % with periods of 2-60 s, each at harm 0.01, 0.03 and
-0.1 (full rate costs production 2, 6 and 20 %) and lag 0, 0.3 and 0.6 s. Production's shim
-marks an iteration start every 0.1 s, so tgsd times its progress from them, as it times a
-job's that synchronises each iteration. Pure logic, no
+over 0.1-30 s, waves of +-5-20 % with periods of 2-60 s, and stalls: pauses of its own
+of 0.1, 0.25 and 0.4 s (a data loader's), about every 1, 2.5 and 5 s, at moments on no
+control period's boundary, where opportunistic work is allowed the whole GPU; each at
+harm 0.01, 0.03 and 0.1 (full rate costs production 2, 6 and 20 %) and lag 0, 0.3 and 0.6
+s. Production's shim marks an iteration start every 0.1 s while it runs, so tgsd times
+its progress from them, as it times a job's that synchronises each iteration, and counts
+its pauses, which tgsd leaves out of its progress. Pure logic, no
 GPU and no processes: the same figures on any machine, for changes of the controller
 side by side with the code before."""
 from __future__ import annotations
 
+import bisect
 import collections
 import itertools
 import math
+import random
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Callable
@@ -43,7 +48,10 @@ class Rig:
     launches) runs at bound / queue_need of its speed under a shallower bound (0: any bound
     keeps it busy, and a deeper one gains it nothing); a rate limit holds it to the rate
     where that is lower (the two do not compound), and it harms production by what it
-    runs."""
+    runs. Production pauses on its own for the part `pause` of each step (and throughout
+    while `solo` is 0: idle), launching nothing then, and its shim counts the pauses
+    (`paused_s`: by the step, where a shim counts each at the launch that ends it; the
+    marks, taken only in steps where production runs, read the same)."""
 
     def __init__(self, ctl, solo=50_000.0, harm=0.0, capacity=100_000.0, lag_s=0.0, queue_harm=0.0,
                  overlap: float | None = None, deep_harm=0.0, beside=0.0, deep_slow=0.0, queue_need=0,
@@ -65,6 +73,8 @@ class Rig:
         self.queued = collections.deque([capacity] * round(lag_s / DT))  # opportunistic work still to hurt
         self.produced = 0.0  # production's blocks so far
         self.marked = marked  # production's shim marks an iteration start every DT (tgsd times its progress)
+        self.pause = 0.0  # the part of each step production pauses on its own (a data loader's stall)
+        self.paused_s = 0.0  # production's pauses so far, idle spells included (what its shim counts)
         self.mark: Mark | None = None  # production's latest iteration start
 
     def run(self, seconds, production=True, opportunistic=True):
@@ -86,18 +96,23 @@ class Rig:
                 prod *= 1 - self.queue_harm
             if opp and deep:
                 prod *= 1 - self.deep_harm
+            idle = not self.solo or self.pause >= 1
+            seen = Overlap()
+            if self.overlap is not None and production and opportunistic and not idle:
+                lost = 1 - prod / self.solo  # (while it runs: harm, not its pause)
+                busy = 0.5 * DT * (1 - self.pause)
+                seen = Overlap(busy, busy, (self.overlap * lost + self.beside) * DT * (1 - self.pause))
+            prod *= 1 - self.pause
             self.opportunistic_done += opp * DT
             self.produced += prod * DT
-            seen = Overlap()
-            if self.overlap is not None and production and opportunistic and self.solo:  # (solo 0: idle)
-                lost = 1 - prod / self.solo
-                seen = Overlap(0.5 * DT, 0.5 * DT, (self.overlap * lost + self.beside) * DT)
-            # production's shim marks the first launch after an idle spell: in a step without
-            # production's work tgsd reads the mark before it again
+            # production's shim marks the first launch after an idle spell, and a job paused
+            # on its host launches nothing: in a step without production's work tgsd reads
+            # the mark before it again
+            self.paused_s += DT if idle else self.pause * DT
             if not production:
                 self.mark = None  # production that comes back is a new container, unmarked
-            elif self.marked and self.solo:
-                self.mark = Mark("production", self.t, int(self.produced))
+            elif self.marked and not idle:
+                self.mark = Mark("production", self.t, int(self.produced), self.paused_s)
             marks = (self.mark,) if self.marked and production and self.mark else ()
             self.budget = self.ctl.step(Sample(self.t, DT, int(prod * DT), int(opp * DT), production, opportunistic,
                                                marks, production_processes=self.processes, overlap=seen))
@@ -121,10 +136,40 @@ def wave(amplitude: float, period: float) -> Load:
     return lambda t: 1 + amplitude * math.sin(2 * math.pi * t / period)
 
 
-GROUPS: dict[str, list[tuple[str, Load]]] = {
+@dataclass(frozen=True)
+class Pauses:
+    """Production pausing on its own, where its load holds: the part of the step ending
+    at t it pauses (`Rig.pause`)."""
+    part: Callable[[float], float]
+
+    def __call__(self, t: float) -> float:
+        return self.part(t)
+
+
+def stalls(length: float, every: float, seed: int) -> Pauses:
+    """Production pausing on its own for `length` s (a data loader's stall, a log written
+    synchronously), the next pause 0.5-1.5 times `every` s after one ends, at moments on
+    no control period's boundary."""
+    rnd = random.Random(seed)
+    starts, at = [], rnd.uniform(0.0, every)
+    while at < RUN_S + DT:
+        starts.append(at)
+        at += length + every * rnd.uniform(0.5, 1.5)
+
+    def part(t: float) -> float:
+        i = bisect.bisect_right(starts, t) - 1  # the latest pause to start before t
+        paused = sum(max(0.0, min(t, a + length) - max(t - DT, a)) for a in starts[max(i - 1, 0):i + 1])
+        return 1.0 if paused >= DT - 1e-9 else paused / DT
+
+    return Pauses(part)
+
+
+GROUPS: dict[str, list[tuple[str, Load | Pauses]]] = {
     "falls": [(f"fall {c:.0%} over {s:g} s", ramp(-c, s)) for c in (0.1, 0.3, 0.5) for s in (0, 2, 5, 10, 30, 60)],
     "rises": [(f"rise {c:.0%} over {s:g} s", ramp(c, s)) for c in (0.1, 0.3, 0.5) for s in (0.1, 2, 8, 16, 30)],
     "waves": [(f"wave +-{a:.0%}, period {p:g} s", wave(a, p)) for a in (0.05, 0.1, 0.2) for p in (2, 6, 20, 60)],
+    "stalls": [(f"stall {n:g} s every {e:g} s", stalls(n, e, seed)) for seed, (n, e) in
+               enumerate(itertools.product((0.1, 0.25, 0.4), (1, 2.5, 5)))],
 }
 
 
@@ -150,16 +195,19 @@ def settled(harm: float, lag_s: float = 0.0) -> Rig:
     return r
 
 
-def run_case(name: str, load: Load, harm: float, lag_s: float) -> Case:
+def run_case(name: str, load: Load | Pauses, harm: float, lag_s: float) -> Case:
     r = settled(harm, lag_s)
     production, opportunistic = [], []
     p0, o0, solo, allowed = r.produced, r.opportunistic_done, 0.0, 0.0
     per_window = round(WINDOW_S / DT)
     for i in range(round(RUN_S / DT)):
-        r.solo = SOLO * load((i + 1) * DT)
+        if isinstance(load, Pauses):
+            r.pause = load((i + 1) * DT)
+        else:
+            r.solo = SOLO * load((i + 1) * DT)
         r.run(DT)
-        solo += r.solo * DT
-        allowed += min(r.capacity, TOLERANCE * r.solo / harm) * DT
+        solo += r.solo * (1 - r.pause) * DT
+        allowed += (r.pause * r.capacity + (1 - r.pause) * min(r.capacity, TOLERANCE * r.solo / harm)) * DT
         if (i + 1) % per_window == 0:
             production.append((r.produced - p0) / solo)
             opportunistic.append((r.opportunistic_done - o0) / allowed)

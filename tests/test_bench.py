@@ -114,7 +114,7 @@ def test_the_rig_benchmark_follows_the_controller_through_moving_loads_and_write
     said: list[str] = []
     result = rig.run(echo=said.append, quick=True, json_path=tmp_path / "rig.json")
     written = json.loads((tmp_path / "rig.json").read_text())
-    assert {g: len(cs) for g, cs in written["cases"].items()} == {"falls": 18, "rises": 15, "waves": 12}
+    assert {g: len(cs) for g, cs in written["cases"].items()} == {"falls": 18, "rises": 15, "waves": 12, "stalls": 9}
     assert written["summary"] == result["summary"]
     for group, s in result["summary"].items():
         # the tolerance is 3 %: production keeps most of its solo progress whatever its load does,
@@ -460,7 +460,7 @@ def test_a_controller_trace_sums_up_only_its_window():
         return {"controller": {"state": "run", "opportunistic_beside_production": beside, "rate_blocks_per_s": rate,
                                "inflight_max": inflight},
                 "containers": [{"id": "p", "class": "production", "busy_s": busy, "iteration_starts": int(busy * 100),
-                                "gated_s": 0, "beside_production_s": 0, "attained_blocks": 10**9, "throttled_s": 0},
+                                "paused_s": 0.2 * busy, "gated_s": 0, "beside_production_s": 0, "attained_blocks": 10**9, "throttled_s": 0},
                                {"id": "o", "class": "opportunistic", "busy_s": 0, "gated_s": gated,
                                 "beside_production_s": overlap, "attained_blocks": blocks,
                                 "inflight_wait_s": 0.5 * gated, "anticipation_wait_s": 0.1 * blocks / 1000,
@@ -472,7 +472,8 @@ def test_a_controller_trace_sums_up_only_its_window():
                              (9.0, gpu(0.9, 10, 1, 50, 50, 50))], span=(0.5, 3.5))
     s = trace.summary()
     assert s == {"samples": 3, "watched": 2, "beside_production_per_s_median": 0.03, "production_busy_per_s": 0.5,
-                 "production_iteration_starts_per_s": 50.0, "opportunistic_gated_per_s": 0.45,
+                 "production_iteration_starts_per_s": 50.0, "production_paused_per_s": 0.1,
+                 "opportunistic_gated_per_s": 0.45,
                  "opportunistic_beside_per_s": 0.01, "opportunistic_inflight_per_s": 0.225,
                  "opportunistic_anticipation_per_s": 0.125, "opportunistic_token_per_s": 0.0, "unlimited": 1,
                  "rate_blocks_per_s_median": 600,
@@ -483,8 +484,8 @@ def test_a_controller_trace_sums_up_only_its_window():
                      "2": {"blocks_per_s": 2000, "gated_per_s": 0.45, "inflight_per_s": 0.225,
                            "anticipation_per_s": 0.2, "token_per_s": 0.0}}}
     words = ControllerTrace.describe(s)
-    assert "production's shims counted it busy 0.5 s/s in 50 iterations/s, the opportunistic ones waited behind it " \
-           "0.45 s/s" in words
+    assert "production's shims counted it busy 0.5 s/s in 50 iterations/s and paused on its own 0.1 s/s, the " \
+           "opportunistic ones waited behind it 0.45 s/s" in words
     assert ("and waited 0.225 s/s at the in-flight bound, 0.125 s/s anticipating production, "
             "0 s/s for tokens") in words
     assert words.endswith("; under each in-flight bound, opportunistic None: 500 blocks/s, waited 0.45 s/s behind "

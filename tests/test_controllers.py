@@ -15,7 +15,7 @@ from tgs_runtime.daemon import inflight, residency, stall
 from tgs_runtime.daemon.controllers import (UNLIMITED, Claimant, FastController, Mark, PaperController,
                                             Sample, ShareState, Window, make_controller, split, take_turns)
 
-from bench.rig import DT, Rig, settled
+from bench.rig import DT, Rig, settled, stalls
 
 def fast(**kw):
     return FastController(ControlConfig(**kw))
@@ -200,6 +200,24 @@ def test_production_idle_brings_back_the_configured_in_flight_bound():
     r.solo = 0.0
     idle = [r.run(DT) for _ in range(round(10 / DT))][10:]  # from its first second
     assert all(b.inflight == 2 and b.rate == UNLIMITED for b in idle), {(b.inflight, b.why) for b in idle}
+
+
+@pytest.mark.parametrize("length_s, every_s", [(0.1, 1), (0.25, 2.5), (0.4, 5)])
+def test_production_s_own_pauses_do_not_hold_harmless_work_back(length_s, every_s):
+    """Production pauses on its own (a data loader's stall) for `length_s` every `every_s`
+    or so, at moments on no control period's boundary, beside harmless opportunistic work
+    that does not watch it. Its shim counts the pauses, and the controller leaves them out
+    of its progress. Counted in, a window holding a stall read as harm: the work was held
+    back (cut, or paused by profiles) for 16.5, 55.4 and 58.7 s of the 60."""
+    r = settled(harm=0.0)
+    pauses = stalls(length_s, every_s, seed=1)
+    held = []
+    for i in range(round(60 / DT)):
+        r.pause = pauses((i + 1) * DT)
+        b = r.run(DT)
+        if b.rate != UNLIMITED:
+            held.append(b.why)
+    assert len(held) * DT <= 1.0 + 1e-9 and all("profil" in why for why in held), collections.Counter(held)
 
 
 @pytest.mark.parametrize("leaves", ["production", "both"])

@@ -12,10 +12,11 @@ import time
 import pytest
 
 from harness.shimside import counters, waits
+from harness.simgpu import SM_COUNT
 from tgs_runtime import proto, sim
 from tgs_runtime.workload import Workload
 
-BLOCKS = 108  # simgpu's SM count: the workload launches one block per SM
+BLOCKS = SM_COUNT  # blocks of each of the workload's kernels
 GPU_BOUND = Workload(kernel_us=1000, kernels=10, seconds=6, report_s=0.5)
 HALF = Workload.with_duty(0.5, period_ms=20, kernels=10, seconds=4, report_s=0.5)
 
@@ -388,6 +389,18 @@ def test_at_debug_level_a_launch_held_back_says_why(simgpu, container, libshim):
     assert 1000 <= float(held[-1][1]) <= 1600, held
 
 
+def iteration_marks(control, seconds: float) -> list[tuple[int, int, int]]:
+    """The iteration starts a production container's shims mark on GPU 0 over `seconds`,
+    as tgsd reads them (every 50 ms), each once."""
+    marks: list[tuple[int, int, int]] = []
+    for _ in range(round(seconds / 0.05)):
+        m = control.iteration_mark(0)
+        if m and (not marks or m != marks[-1]):
+            marks.append(m)
+        time.sleep(0.05)
+    return marks
+
+
 def test_production_marks_each_iteration_start_for_tgsd_to_time(simgpu, container, libshim):
     """The first launch after a completed synchronisation marks an iteration's start with
     the blocks launched before it: whole iterations lie between two marks, so tgsd times
@@ -398,23 +411,45 @@ def test_production_marks_each_iteration_start_for_tgsd_to_time(simgpu, containe
     simgpu.wait_for_contexts(["prod"])
     time.sleep(0.5)
     a, start = sim.contexts(simgpu.status())["prod"], time.monotonic()
-    marks = []
-    for _ in range(40):
-        m = prod.control.iteration_mark(0)
-        if m and (not marks or m != marks[-1]):
-            marks.append(m)
-        time.sleep(0.05)
+    marks = iteration_marks(prod.control, 2.0)
     b, end = sim.contexts(simgpu.status())["prod"], time.monotonic()
     p.wait()
     per_iteration = HALF.kernels * BLOCKS
-    assert len(marks) >= 20 and all(blocks % per_iteration == 0 for _, blocks in marks), marks[:5]
-    (t0, b0), (t1, b1) = marks[0], marks[-1]
+    assert len(marks) >= 20 and all(blocks % per_iteration == 0 for _, blocks, _ in marks), marks[:5]
+    (t0, b0, p0), (t1, b1, p1) = marks[0], marks[-1]
     assert abs(t1 / 1e9 - end) < 1.0, "the mark's clock is tgsd's (CLOCK_MONOTONIC)"
     timed = (b1 - b0) / ((t1 - t0) / 1e9)
     counted = (b["kernels"] - a["kernels"]) * BLOCKS / (end - start)
     pace = per_iteration * 1e6 / (HALF.kernel_us * HALF.kernels + HALF.gap_us)
     assert 0.9 * counted <= timed <= 1.1 * counted, (timed, counted)
     assert timed <= 1.01 * pace, f"{timed:.0f} blocks/s: faster than the job's own pace, {pace:.0f}"
+    assert p1 - p0 <= 0.05 * (t1 - t0), f"a steady job paused {(p1 - p0) / 1e6:.1f} ms of {(t1 - t0) / 1e6:.0f}"
+
+
+def test_production_counts_its_own_pauses_for_tgsd_to_leave_out(simgpu, container, libshim):
+    """An idle spell far longer than the gaps between production's iterations (a data
+    loader's stall) is a pause of the job's own: its shim counts the part beyond twice the
+    shortest of its recent gaps, and each iteration start it marks carries the count, so
+    that tgsd times production's progress without its pauses (its blocks over the time
+    between two marks, less the pauses that ended between)."""
+    prod = container(proto.Class.PRODUCTION, "prod")
+    stalling = dataclasses.replace(HALF, stall_us=200_000, stall_every=25)  # 0.2 s after every 0.5 s of iterations
+    p = simgpu.workload(stalling, "prod", prod.env(libshim.shim))
+    simgpu.wait_for_contexts(["prod"])
+    time.sleep(0.5)
+    marks = iteration_marks(prod.control, 3.0)
+    p.wait()
+    per_iteration = stalling.kernels * BLOCKS
+    (t0, b0, p0), (t1, b1, p1) = marks[0], marks[-1]
+    # the stall after iteration k ends at the mark with k iterations before it
+    stalls = sum(1 for k in range(b0 // per_iteration + 1, b1 // per_iteration + 1) if k % stalling.stall_every == 0)
+    paused, span = (p1 - p0) / 1e9, (t1 - t0) / 1e9
+    assert stalls >= 3 and 0.15 * stalls <= paused <= 0.22 * stalls, \
+        f"{paused:.3f} s counted as pauses over {stalls} stalls of 0.2 s (0.19 s beyond twice the 10 ms gap)"
+    pace = per_iteration * 1e6 / (stalling.kernel_us * stalling.kernels + stalling.gap_us)
+    timed = (b1 - b0) / (span - paused)
+    assert 0.9 * pace <= timed <= 1.02 * pace, \
+        f"{timed:.0f} blocks/s without the pauses, the job's pace {pace:.0f} ({(b1 - b0) / span:.0f} with them)"
 
 
 def test_eight_threads_share_one_budget(simgpu, container, libshim, c_programs):

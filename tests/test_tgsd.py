@@ -17,6 +17,7 @@ from datetime import datetime
 import pytest
 
 from bench.common import HostCpu
+from harness.simgpu import SM_COUNT
 from tgs_runtime import proto, sim
 from tgs_runtime.admin import Refused
 from tgs_runtime.control import ActivityFile
@@ -38,10 +39,10 @@ def test_a_production_container_without_processes_leaves_the_other_timed():
         control = SimpleNamespace(iteration_mark=lambda slot: mark)
         return SimpleNamespace(id=cid, processes=processes, control=control), 0
 
-    running = container("a", {1: object()}, (2_000_000_000, 5400))
+    running = container("a", {1: object()}, (2_000_000_000, 5400, 0))
     waiting = container("b", {}, None)
     assert [(m.source, m.t, m.blocks) for m in _marks([running, waiting])] == [("a", 2.0, 5400)]
-    other = container("c", {2: object()}, (1_000_000_000, 10))
+    other = container("c", {2: object()}, (1_000_000_000, 10, 0))
     assert [m.source for m in _marks([running, other])] == ["a", "c"], "two running jobs: each timed"
     assert _marks([running, container("d", {3: object()}, None)]) == (), \
         "a running job without marks: production is counted"
@@ -694,7 +695,8 @@ def test_status_schema(simgpu, tgsd, libshim):
     c = g["containers"][0]
     assert c["id"] == opp.id and c["class"] == "opportunistic"
     assert {"budget_blocks_per_s", "inflight_max", "progress_blocks_per_s", "attained_blocks", "memory", "syncs",
-            "iteration_starts", "busy_s", "gated_s", "beside_production_s", "inflight_wait_s", "anticipation_wait_s",
+            "iteration_starts", "busy_s", "paused_s", "gated_s", "beside_production_s", "inflight_wait_s",
+            "anticipation_wait_s",
             "token_wait_s"} <= set(c)
     assert {"footprint", "resident", "evicted", "quota", "vmm", "converted"} <= set(c["memory"])
     assert c["memory"]["converted"] is True, "an opportunistic container's memory is always converted"
@@ -735,6 +737,43 @@ def test_production_measured_alone_is_no_new_decision(simgpu, tgsd, libshim):
     assert ctl["decision"]["age_s"] >= 1.5, f"production alone read as a decision {ctl['decision']['age_s']} s ago"
     decisions = [e for e in d.events() if e.get("event") == "controller decision"]
     assert len(decisions) <= 5, [e["why"] for e in decisions]
+
+
+def test_production_s_own_pauses_are_not_taken_for_a_change_of_its_load(simgpu, tgsd, libshim):
+    """A production job that pauses on its own (0.3 s after every half second of
+    iterations: a data loader's stall) beside a GPU-bound opportunistic one. Its shim
+    counts the pauses, and tgsd leaves them out of its progress: its figure is its pace
+    while it runs, and holds. Before, each window's progress was its pace diluted by
+    whatever stalls it held: the figure went 30,654 -> 36,845 -> 26,839 -> 32,264
+    blocks/s in 6 s, each move taken as a change of production's own load, and only 4 of
+    10 readings of its progress were within 10 % of the figure then (each fall a cut
+    where opportunistic work did not watch; the controller rig's stalls)."""
+    d = tgsd()
+    prod, opp = d.register("production"), d.register("opportunistic")
+    stalling = dataclasses.replace(HALF, seconds=10, stall_us=300_000, stall_every=25)
+    p = simgpu.workload(stalling, "prod", prod.env(libshim.shim))
+    o = simgpu.workload(dataclasses.replace(HOG, seconds=10), "opp", opp.env(libshim.shim))
+    simgpu.wait_for_contexts(["prod", "opp"])
+    time.sleep(3)
+    readings = []
+    for _ in range(10):
+        ctl = d.status()["gpus"][0]["controller"]
+        readings.append((ctl["production_progress_blocks_per_s"], ctl["solo_blocks_per_s"], ctl["rate_blocks_per_s"]))
+        time.sleep(0.5)
+    human = subprocess.run([sys.executable, "-m", "tgs_runtime", "status", "--state-dir", str(d.state_dir)],
+                           capture_output=True, text=True, timeout=30).stdout
+    paused = d.container(prod.id)["paused_s"]
+    p.wait()
+    o.wait()
+    assert paused >= 2.0, f"its shim counted {paused} s of pauses in about 8 s, 0.3 s of each 0.8"
+    assert "since it started, paused on its own " in human, human
+    decisions = [e["why"] for e in d.events() if e.get("event") == "controller decision"]
+    pace = stalling.kernels * SM_COUNT * 1e6 / (stalling.kernel_us * stalling.kernels + stalling.gap_us)
+    assert readings[-1][1] >= 0.85 * pace, f"solo figure {readings[-1][1]:,.0f} blocks/s, the job's pace {pace:,.0f}"
+    moved = [w for w in decisions if w.startswith(("production rose to", "production fell to"))]
+    assert len(moved) <= 1, moved
+    near = sum(abs(progress / solo - 1) <= 0.1 for progress, solo, _ in readings)
+    assert near >= 8, f"production's progress against its figure: {readings}"
 
 
 def test_a_job_with_host_work_between_launches_gets_the_idle_time_once_the_bound_deepens(simgpu, tgsd, libshim):

@@ -149,15 +149,20 @@ class ControlBlock(_Mapped):
     def counters(self, slot: int) -> proto.GpuCounters:
         return self.view.shim.gpu[slot]
 
-    def iteration_mark(self, slot: int) -> tuple[int, int] | None:
+    def pauses(self, slot: int) -> proto.GpuPauses:
+        """Production's pauses of its own on the GPU (tgs_proto.h's tgs_gpu_pauses)."""
+        return self.view.pauses[slot]
+
+    def iteration_mark(self, slot: int) -> tuple[int, int, int] | None:
         """A production shim's latest iteration start: (CLOCK_MONOTONIC ns, blocks before
-        it), or None when none was marked or a shim is writing one right now."""
+        it, ns of its pauses before it: tgs_proto.h's tgs_gpu_pauses, 0 from shims before
+        them), or None when none was marked or a shim is writing one right now."""
         c = self.view.shim.gpu[slot]
         seq = c.mark_seq
         if seq == 0 or seq & 1:
             return None
-        ns, blocks = c.mark_ns, c.mark_blocks
-        return (ns, blocks) if c.mark_seq == seq else None
+        ns, blocks, paused = c.mark_ns, c.mark_blocks, self.pauses(slot).mark_paused_ns
+        return (ns, blocks, paused) if c.mark_seq == seq else None
 
     def set_budget(self, slot: int, *, rate: int | None = None, burst: int | None = None, floor: int | None = None,
                    inflight: int | None = None, quota: int | None = None, view_total: int | None = None,

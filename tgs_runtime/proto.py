@@ -22,6 +22,7 @@ PAGE = 4096
 CONTROL_SIZE = 4 * PAGE
 DAEMON_OFFSET = PAGE
 SHIM_OFFSET = 2 * PAGE
+PAUSES_OFFSET = 3 * PAGE  # production's pauses (tgs_gpu_pauses), outside the shim part
 ACTIVITY_SIZE = PAGE
 RATE_UNLIMITED = (1 << 64) - 1
 NS_PER_BLOCK_SHIFT = 16
@@ -77,7 +78,8 @@ CONSTANTS = {
     "TGS_MSG_MAGIC": MSG_MAGIC, "TGS_MAX_FRAME": MAX_FRAME, "TGS_MAX_GPUS": MAX_GPUS, "TGS_UUID_LEN": UUID_LEN,
     "TGS_ACTIVITY_SLOTS": ACTIVITY_SLOTS, "TGS_EXPECT_SLOTS": EXPECT_SLOTS, "TGS_NO_SLOT": NO_SLOT, "TGS_PAGE": PAGE,
     "TGS_CONTROL_SIZE": CONTROL_SIZE,
-    "TGS_DAEMON_OFFSET": DAEMON_OFFSET, "TGS_SHIM_OFFSET": SHIM_OFFSET, "TGS_ACTIVITY_SIZE": ACTIVITY_SIZE,
+    "TGS_DAEMON_OFFSET": DAEMON_OFFSET, "TGS_SHIM_OFFSET": SHIM_OFFSET, "TGS_PAUSES_OFFSET": PAUSES_OFFSET,
+    "TGS_ACTIVITY_SIZE": ACTIVITY_SIZE,
     "TGS_RATE_UNLIMITED": RATE_UNLIMITED, "TGS_NS_PER_BLOCK_SHIFT": NS_PER_BLOCK_SHIFT, "TGS_GPU_GATE": GPU_GATE,
     "TGS_GPU_ANTICIPATE": GPU_ANTICIPATE,
     "TGS_MEM_EVICTED": MEM_EVICTED,
@@ -154,6 +156,11 @@ class ShimPart(Struct):
                 ("token_wait_ns", u64), ("reserved", u64 * 4), ("gpu", GpuCounters * MAX_GPUS)]
 
 
+class GpuPauses(Struct):
+    _c_name_ = "tgs_gpu_pauses"
+    _fields_ = [("paused_ns", u64), ("mark_paused_ns", u64)]
+
+
 class Control(Struct):
     _c_name_ = "tgs_control"
     _fields_ = [
@@ -162,7 +169,9 @@ class Control(Struct):
         ("daemon", DaemonPart),
         ("pad1", u8 * (SHIM_OFFSET - DAEMON_OFFSET - C.sizeof(DaemonPart))),
         ("shim", ShimPart),
-        ("pad2", u8 * (CONTROL_SIZE - SHIM_OFFSET - C.sizeof(ShimPart))),
+        ("pad2", u8 * (PAUSES_OFFSET - SHIM_OFFSET - C.sizeof(ShimPart))),
+        ("pauses", GpuPauses * MAX_GPUS),
+        ("pad3", u8 * (CONTROL_SIZE - PAUSES_OFFSET - MAX_GPUS * C.sizeof(GpuPauses))),
     ]
 
 
@@ -221,7 +230,8 @@ class MsgBye(Struct):
     _fields_ = [("h", MsgHeader)]
 
 
-STRUCTS = [ControlHeader, GpuBudget, DaemonPart, GpuCounters, ShimPart, Control, Expectation, Activity, MsgHeader,
+STRUCTS = [ControlHeader, GpuBudget, DaemonPart, GpuCounters, ShimPart, GpuPauses, Control, Expectation, Activity,
+           MsgHeader,
            MsgHello, MsgHelloAck, MsgMem, MsgOrder, MsgOrderAck, MsgBye]
 
 # What each message type's body must be (the shim's side of the socket).

@@ -29,6 +29,8 @@ class Workload:
     long_us: float | None = None
     shapes: int = 1                 # kernel i of the run is on grid size i % shapes
     host_us: float = 0              # host work once the first half of an iteration's kernels is queued
+    stall_us: float = 0             # more CPU time after every stall_every-th iteration (a data loader's stall)
+    stall_every: int = 0
 
     @property
     def duty(self) -> float:
@@ -73,6 +75,8 @@ class Workload:
             out += ["--shapes", str(self.shapes)]
         if self.host_us:
             out += ["--host-us", f"{self.host_us:g}"]
+        if self.stall_every:
+            out += ["--stall-us", f"{self.stall_us:g}", "--stall-every", str(self.stall_every)]
         return out
 
     def argv(self, binary: Path | None = None) -> list[str]:

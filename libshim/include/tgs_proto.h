@@ -149,13 +149,31 @@ struct tgs_shim_part {
     struct tgs_gpu_counters gpu[TGS_MAX_GPUS];
 };
 
+/* Production's pauses of its own, per GPU, written by its shims in page 3 (outside the
+ * shim part, whose size the header gives: older shims leave them zero, and a newer shim
+ * in a container of an older daemon writes where nothing reads). A pause is the part of
+ * an idle spell, from the moment production was found idle to its next launch, beyond
+ * twice the shortest of its last TGS_GAPS (libshim/src/tgs.h) spells: a data loader's
+ * stall, a log written synchronously, not the gap of each of its iterations. tgsd leaves
+ * them out of production's progress (docs/daemon.md): timed from one iteration start to
+ * another, production's progress is its blocks over the time between, less the pauses
+ * that ended between. */
+#define TGS_PAUSES_OFFSET (3u * TGS_PAGE)
+
+struct tgs_gpu_pauses {
+    uint64_t paused_ns;      /* the pauses so far, counted at the launch that ends each */
+    uint64_t mark_paused_ns; /* paused_ns at the latest iteration start (under its mark_seq) */
+};
+
 struct tgs_control {
     struct tgs_control_header header;
     uint8_t pad0[TGS_DAEMON_OFFSET - sizeof(struct tgs_control_header)];
     struct tgs_daemon_part daemon;
     uint8_t pad1[TGS_SHIM_OFFSET - TGS_DAEMON_OFFSET - sizeof(struct tgs_daemon_part)];
     struct tgs_shim_part shim;
-    uint8_t pad2[TGS_CONTROL_SIZE - TGS_SHIM_OFFSET - sizeof(struct tgs_shim_part)];
+    uint8_t pad2[TGS_PAUSES_OFFSET - TGS_SHIM_OFFSET - sizeof(struct tgs_shim_part)];
+    struct tgs_gpu_pauses pauses[TGS_MAX_GPUS];
+    uint8_t pad3[TGS_CONTROL_SIZE - TGS_PAUSES_OFFSET - TGS_MAX_GPUS * sizeof(struct tgs_gpu_pauses)];
 };
 
 /* ---------------------------------------------------------------------------------

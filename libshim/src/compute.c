@@ -41,6 +41,8 @@ static void mark_iteration(struct tgs_gpu *g, uint64_t now) {
         return;
     __atomic_store_n(&c->mark_ns, now, __ATOMIC_RELAXED);
     __atomic_store_n(&c->mark_blocks, __atomic_load_n(&c->blocks, __ATOMIC_RELAXED), __ATOMIC_RELAXED);
+    __atomic_store_n(&g->pauses->mark_paused_ns, __atomic_load_n(&g->pauses->paused_ns, __ATOMIC_RELAXED),
+                     __ATOMIC_RELAXED);
     __atomic_store_n(&c->mark_seq, seq + 2, __ATOMIC_RELEASE);
 }
 
@@ -51,6 +53,8 @@ static volatile struct tgs_expectation *own_expectation(struct tgs_gpu *g, uint3
 }
 
 /* The launch after an idle spell: remember how long the spell was (where it `happened`),
+ * count its part beyond the usual gap as a pause of production's own (tgs_proto.h,
+ * tgs_gpu_pauses: a data loader's stall, which tgsd leaves out of production's progress),
  * and withdraw the expectation it raised (the GPU's gate now holds opportunistic work
  * back). */
 static void note_gap(struct tgs_gpu *g, uint32_t slot, uint64_t now, int happened) {
@@ -58,8 +62,12 @@ static void note_gap(struct tgs_gpu *g, uint32_t slot, uint64_t now, int happene
     if (!idle)
         return;
     g->idle_ns = 0;
-    if (happened)
-        g->gaps[g->ngaps++ % TGS_GAPS] = now > idle ? now - idle : 0; /* idle: another thread's clock */
+    if (happened) {
+        uint64_t gap = now > idle ? now - idle : 0; /* idle: another thread's clock */
+        g->gaps[g->ngaps++ % TGS_GAPS] = gap;
+        if (g->usual_gap_ns && gap > g->usual_gap_ns)
+            __atomic_fetch_add(&g->pauses->paused_ns, gap - g->usual_gap_ns, __ATOMIC_RELAXED);
+    }
     volatile struct tgs_expectation *e = own_expectation(g, slot);
     if (e)
         __atomic_store_n(&e->due_until_ns, 0, __ATOMIC_RELAXED);
@@ -67,21 +75,25 @@ static void note_gap(struct tgs_gpu *g, uint32_t slot, uint64_t now, int happene
 
 /* Production went idle at `now`: it expects to launch again after the shortest of its
  * recent gaps and before the longest (at most twice the shortest: a job whose gaps vary
- * more is expected only around its shortest). Each production process writes its own
- * slot's expectation, and makes sure opportunistic shims read that far. */
+ * more is expected only around its shortest), and a gap longer than twice the shortest
+ * is in part a pause (note_gap). Each production process writes its own slot's
+ * expectation, and makes sure opportunistic shims read that far. */
 static void expect_next(struct tgs_gpu *g, uint64_t now) {
     g->idle_ns = now;
-    uint32_t slot = __atomic_load_n(&g_tgs.activity_slot, __ATOMIC_RELAXED);
-    volatile struct tgs_expectation *e = own_expectation(g, slot);
-    if (!e || g->ngaps < TGS_GAPS)
+    if (g->ngaps < TGS_GAPS)
         return;
     uint64_t lo = UINT64_MAX, hi = 0;
     for (unsigned i = 0; i < TGS_GAPS; i++) {
         lo = g->gaps[i] < lo ? g->gaps[i] : lo;
         hi = g->gaps[i] > hi ? g->gaps[i] : hi;
     }
+    g->usual_gap_ns = 2 * lo;
     if (hi > 2 * lo)
         hi = 2 * lo;
+    uint32_t slot = __atomic_load_n(&g_tgs.activity_slot, __ATOMIC_RELAXED);
+    volatile struct tgs_expectation *e = own_expectation(g, slot);
+    if (!e)
+        return;
     if (tgs_log_level >= TGS_LOG_DEBUG && (lo > g->logged_gap + g->logged_gap / 32 || lo < g->logged_gap - g->logged_gap / 32)) {
         tgs_log(TGS_LOG_DEBUG, "expects to launch again %.1f-%.1f us after going idle", (double)lo / 1e3, (double)hi / 1e3);
         g->logged_gap = lo;
@@ -105,9 +117,9 @@ static inline void set_busy(struct tgs_gpu *g, int iteration) {
     uint64_t now = tgs_now();
     g->busy_since_ns = now;
     __atomic_store_n(&g->busy_marked, 1, __ATOMIC_RELAXED);
+    note_gap(g, slot, now, iteration); /* first: the mark counts the pause it ends */
     if (iteration)
         mark_iteration(g, now);
-    note_gap(g, slot, now, iteration);
 }
 
 /* The first launch since production went idle (once per iteration: out of line). */
@@ -601,6 +613,7 @@ void tgs_compute_after_fork(void) {
         g->drain = NULL;
         g->drain_state = TGS_DRAIN_NONE;
         g->ngaps = 0;
+        g->usual_gap_ns = 0;
     }
     g_tgs.captures = 0;
     pthread_mutex_init(&g_streams_lock, NULL);

@@ -60,7 +60,9 @@ static struct {
     double long_us;    /* -1: --kernel-us */
     long shapes;       /* kernel i of the run is on grid size i % shapes */
     double host_us;    /* host work after the first half of each iteration's kernels */
-} opt = {1000, 0, 10, 1, -1, 10, 16, 16, 0, 0, 0, 0, 0, 0, -1, 1, 0};
+    double stall_us;   /* more CPU time after every stall_every-th iteration */
+    long stall_every;
+} opt = {1000, 0, 10, 1, -1, 10, 16, 16, 0, 0, 0, 0, 0, 0, -1, 1, 0, 0, 0};
 
 static double now_s(void) {
     struct timespec ts;
@@ -152,6 +154,9 @@ static void usage(FILE *f) {
             "  --host-us US     host work in each iteration once the first half of its kernels is queued,\n"
             "                   while the GPU runs them (a framework's work between launches; the\n"
             "                   thread sleeps; default 0)\n"
+            "  --stall-us US    more CPU time after every --stall-every-th iteration: a pause of the job's\n"
+            "                   own, as a data loader's stall (the thread sleeps; default 0)\n"
+            "  --stall-every N  (default 0: no stalls)\n"
             "  --seconds S      how long to run (default 10); SIGINT or SIGTERM ends the run sooner, as\n"
             "                   if its time were up (it still verifies and reports)\n"
             "  --iterations N   stop after N iterations instead (a job of fixed work; --seconds still caps it)\n"
@@ -183,7 +188,8 @@ static void parse(int argc, char **argv) {
         {"param-mb", 1, 0, 'p'},  {"act-mb", 1, 0, 'a'},  {"device", 1, 0, 'd'},   {"report-s", 1, 0, 'r'},
         {"warmup-s", 1, 0, 'w'},  {"verify", 0, 0, 'v'},  {"managed", 0, 0, 'm'},  {"json", 0, 0, 'j'},
         {"print-ptx", 0, 0, 'P'}, {"help", 0, 0, 'h'},    {"iterations", 1, 0, 'n'}, {"long-kernels", 1, 0, 'L'},
-        {"long-us", 1, 0, 'U'},   {"shapes", 1, 0, 'S'},    {"host-us", 1, 0, 'H'},   {0, 0, 0, 0}};
+        {"long-us", 1, 0, 'U'},   {"shapes", 1, 0, 'S'},    {"host-us", 1, 0, 'H'},   {"stall-us", 1, 0, 'T'},
+        {"stall-every", 1, 0, 'E'}, {0, 0, 0, 0}};
     int c;
     while ((c = getopt_long(argc, argv, "h", longs, NULL)) != -1) {
         switch (c) {
@@ -201,6 +207,8 @@ static void parse(int argc, char **argv) {
         case 'U': opt.long_us = parse_num("--long-us", optarg, 0, 60e6); break;
         case 'S': opt.shapes = (long)parse_num("--shapes", optarg, 1, 100000); break;
         case 'H': opt.host_us = parse_num("--host-us", optarg, 0, 60e6); break;
+        case 'T': opt.stall_us = parse_num("--stall-us", optarg, 0, 60e6); break;
+        case 'E': opt.stall_every = (long)parse_num("--stall-every", optarg, 0, 1e12); break;
         case 'v': opt.verify = 1; break;
         case 'm': opt.managed = 1; break;
         case 'j': opt.json = 1; break;
@@ -398,6 +406,8 @@ int main(int argc, char **argv) {
         it++;
         kernels += K;
         sleep_us(opt.gap_us);
+        if (opt.stall_every && it % (uint64_t)opt.stall_every == 0)
+            sleep_us(opt.stall_us);
         t = now_s();
         if (warm_t < 0 && t - start >= opt.warmup_s) {
             warm_t = t;

@@ -14,6 +14,9 @@ from tgs_runtime.paths import Artifacts
 from tgs_runtime.workload import Report, Workload, parse_output, summary
 
 
+SM_COUNT = 108  # simgpu's SMs (libshim/simgpu/state.c): the workload launches one block per SM per kernel
+
+
 @dataclass
 class Proc:
     """A program started by the harness; its output is collected when it ends."""

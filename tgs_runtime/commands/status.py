@@ -27,9 +27,10 @@ def _waited(c: dict) -> str:
               help="Config file naming tgsd's state_dir (default /etc/tgs/config.toml).")
 @click.option("--state-dir", type=click.Path(file_okay=False, path_type=Path), help="tgsd's state_dir.")
 def status_cmd(as_json: bool, config_path: Path | None, state_dir: Path | None) -> None:
-    """Show each GPU: its containers, class, budget, progress, memory resident and evicted, and
+    """Show each GPU: its containers, class, budget, progress, memory resident and evicted,
     what each opportunistic container has waited for (behind production, at the in-flight
-    bound, anticipating production, for tokens)."""
+    bound, anticipating production, for tokens), and how long each production container
+    paused on its own (left out of its progress)."""
     try:
         if state_dir is None:
             state_dir = configmod.load(config_path).daemon.state_dir
@@ -70,6 +71,9 @@ def status_cmd(as_json: bool, config_path: Path | None, state_dir: Path | None) 
                        f"{_mem(m['evicted']):>8}")
             if c["class"] == "opportunistic":
                 click.echo("    " + _waited(c))
+            elif c.get("paused_s"):
+                click.echo(f"    since it started, paused on its own {c['paused_s']:.1f} s (a data loader's stall, "
+                           "say), left out of its progress")
 
 
 def register(group: click.Group) -> None:

@@ -10,8 +10,9 @@ take turns at it (`take_turns`). Pure logic: no clocks, no I/O.
 - `fast` (the default): without production on the GPU, opportunistic work has no limit, no
   gate and no in-flight bound. Production's solo progress S comes from periods when it runs alone,
   or from a short profile (opportunistic paused, <= 1 s). Progress is timed from iteration
-  start to iteration start where the shim marks them (see `Window`), else counted, which
-  knows S only to about one iteration; the periodic profiles of one run of production are
+  start to iteration start where the shim marks them, less production's pauses of its own
+  (see `Window`), else counted, which knows S only to about one iteration; the periodic
+  profiles of one run of production are
   averaged (the last 8, while they agree within 10 %; a load change, an idle spell, an
   accepted fall or production measured alone starts afresh), but for one above S by more
   than the tolerance: a rise of production's own that the harm it takes hides from P,
@@ -100,6 +101,7 @@ class Mark:
     source: str   # the production container
     t: float      # monotonic seconds
     blocks: int   # the container's production blocks launched before it
+    paused_s: float = 0.0  # the container's pauses of its own before it (tgs_proto.h's mark_paused_ns)
 
 
 @dataclass(frozen=True)
@@ -195,7 +197,13 @@ class Window:
     the time between, summed over the containers, when every container's starts span most
     of the stretch (exact, where counting a stretch's blocks is off by up to one iteration
     of each job: 2 % of a second of a 50 it/s job, far more of a PyTorch job's few
-    iterations per second); otherwise it is the blocks counted over the stretch."""
+    iterations per second); otherwise it is the blocks counted over the stretch. Timed,
+    the time between leaves out the container's pauses of its own that ended between (a
+    data loader's stall: `Mark.paused_s`, tgs_proto.h): no opportunistic work slows a job
+    that launches nothing, and counted in, a stall read as a fall of its progress, taken
+    for harm or for a change of its load (in the controller rig, production pausing 0.1-0.4
+    s every 1-5 s held opportunistic work at 0.40 of what the tolerance allows; 0.95 with
+    the pauses left out)."""
     TIMED_SPAN = 0.5  # each container's iteration starts must span this part of the stretch
 
     def __init__(self, span: float):
@@ -249,9 +257,10 @@ class Window:
                 return None
             first, last = marks[0], marks[-1]
             span = last.t - first.t
-            if span < self.TIMED_SPAN * covered or last.blocks <= first.blocks:
+            active = span - (last.paused_s - first.paused_s)
+            if span < self.TIMED_SPAN * covered or last.blocks <= first.blocks or active <= 0:
                 return None
-            total += (last.blocks - first.blocks) / span
+            total += (last.blocks - first.blocks) / active
         return total
 
     def quiet_s(self) -> float:

@@ -749,7 +749,9 @@ class Daemon:
                     "progress_blocks_per_s": round(c.achieved[slot], 1), "launches": ctr.launches,
                     "attained_blocks": ctr.blocks, "throttled_s": round(ctr.throttled_ns / 1e9, 3),
                     "syncs": ctr.syncs, "iteration_starts": ctr.mark_seq // 2,
-                    "busy_s": round(ctr.busy_ns / 1e9, 3), "gated_s": round(ctr.gated_ns / 1e9, 3),
+                    "busy_s": round(ctr.busy_ns / 1e9, 3),
+                    "paused_s": round(c.control.pauses(slot).paused_ns / 1e9, 3),
+                    "gated_s": round(ctr.gated_ns / 1e9, 3),
                     "beside_production_s": round(ctr.overlap_ns / 1e9, 3),
                     **{proto.wait_key(cause): round(getattr(shim, f"{cause}_wait_ns") / 1e9, 3)
                        for cause in proto.SHIM_WAITS},
@@ -794,7 +796,10 @@ def _marks(prod) -> tuple[Mark, ...]:
     (registered for a job still to come, or between jobs) launches nothing and is left out:
     counted, it turned the timing of the other off (the dynamics benchmark, whose second
     container waits for the pair phase, was counted throughout, and a count over half a
-    second, off by an iteration in 25, took noise for a load change)."""
+    second, off by an iteration in 25, took noise for a load change). Each mark carries
+    the container's pauses of its own before it (tgs_proto.h), which production's progress
+    leaves out, where the container has one process: the pauses of several, each counted
+    by its own shim, overlap in ways their sum does not tell."""
     marks = []
     for c, slot in prod:
         if not c.processes:
@@ -802,7 +807,7 @@ def _marks(prod) -> tuple[Mark, ...]:
         m = c.control.iteration_mark(slot)
         if m is None:
             return ()
-        marks.append(Mark(c.id, m[0] / 1e9, m[1]))
+        marks.append(Mark(c.id, m[0] / 1e9, m[1], m[2] / 1e9 if len(c.processes) == 1 else 0.0))
     return tuple(marks)
 
 

@@ -88,8 +88,8 @@ static void expect_next(struct tgs_gpu *g, uint64_t now) {
         hi = g->gaps[i] > hi ? g->gaps[i] : hi;
     }
     g->usual_gap_ns = 2 * lo;
-    if (hi > 2 * lo)
-        hi = 2 * lo;
+    if (hi > g->usual_gap_ns)
+        hi = g->usual_gap_ns;
     uint32_t slot = __atomic_load_n(&g_tgs.activity_slot, __ATOMIC_RELAXED);
     volatile struct tgs_expectation *e = own_expectation(g, slot);
     if (!e)

@@ -92,7 +92,8 @@ struct tgs_gpu { /* one control-block GPU slot, as this process sees it */
     uint64_t gaps[TGS_GAPS];               /* production: its last gaps from idle to the next launch */
     unsigned ngaps;
     uint64_t usual_gap_ns;                 /* production: twice the shortest of them (0: fewer than TGS_GAPS
-                                            * yet); the part of a gap beyond it is a pause of its own */
+                                            * yet), the longest gap it is expected to take: the part of a
+                                            * gap beyond it is a pause of its own */
     struct tgs_gpu_pauses *pauses;         /* production: its pauses (tgs_proto.h), in the control block */
     uint64_t logged_gap;                   /* production: the shortest gap it last logged */
     struct tgs_stream_seen streams[TGS_STREAMS]; /* production: the streams it launched on */

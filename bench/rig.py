@@ -1,6 +1,7 @@
 """`tgs bench rig`: tgsd's `fast` controller in a model of production and harm, where
 production's own load moves within one job (no idle moment, no process starting or ending
-to tell): it falls, rises, waves or stalls while opportunistic work harms it.
+to tell): it falls, rises, waves or stalls while opportunistic work harms it; or it works
+in bursts with its host between (its rhythm).
 
 The model (`Rig`, also the unit tests' rig): production makes `solo` blocks/s alone; each
 opportunistic block/s it runs costs production `harm` blocks/s, `lag` seconds later (work
@@ -11,11 +12,15 @@ opportunistic work against what costs production exactly the tolerance ("allowed
 most the rig's 100,000). Falls of 10, 30 and 50 % over 0-60 s, rises of 10, 30 and 50 %
 over 0.1-30 s, waves of +-5-20 % with periods of 2-60 s, and stalls: pauses of its own
 of 0.1, 0.25 and 0.4 s (a data loader's), about every 1, 2.5 and 5 s, at moments on no
-control period's boundary, where opportunistic work is allowed the whole GPU; each at
+control period's boundary, where opportunistic work is allowed the whole GPU, and
+rhythms: iterations of 0.1, 0.2 and 0.4 s on the GPU and 0.3, 0.6 and 0.7 s on the host
+(a slow data loader, an environment's step), where opportunistic work is allowed the
+one rate through both that costs production exactly the tolerance; each at
 harm 0.01, 0.03 and 0.1 (full rate costs production 2, 6 and 20 %) and lag 0, 0.3 and 0.6
 s. Production's shim marks an iteration start every 0.1 s while it runs, so tgsd times
 its progress from them, as it times a job's that synchronises each iteration, and counts
-its pauses, which tgsd leaves out of its progress. Pure logic, no
+its pauses, which tgsd leaves out of its progress; in its rhythm it marks each iteration's
+start, and is measured in each window from its first to its last. Pure logic, no
 GPU and no processes: the same figures on any machine, for changes of the controller
 side by side with the code before."""
 from __future__ import annotations
@@ -51,7 +56,8 @@ class Rig:
     runs. Production pauses on its own for the part `pause` of each step (and throughout
     while `solo` is 0: idle), launching nothing then, and its shim counts the pauses
     (`paused_s`: by the step, where a shim counts each at the launch that ends it; the
-    marks, taken only in steps where production runs, read the same)."""
+    marks, taken only in steps where production runs, read the same). Production in its
+    `rhythm` works in bursts instead, its host work between them no pause."""
 
     def __init__(self, ctl, solo=50_000.0, harm=0.0, capacity=100_000.0, lag_s=0.0, queue_harm=0.0,
                  overlap: float | None = None, deep_harm=0.0, beside=0.0, deep_slow=0.0, queue_need=0,
@@ -76,6 +82,35 @@ class Rig:
         self.pause = 0.0  # the part of each step production pauses on its own (a data loader's stall)
         self.paused_s = 0.0  # production's pauses so far, idle spells included (what its shim counts)
         self.mark: Mark | None = None  # production's latest iteration start
+        self.rhythm: Rhythm | None = None  # production's iterations, where it works in bursts
+        self.burst_left = 0.0  # ... the blocks left of the one under way (0: on its host)
+        self.host_left = 0.0   # ... the seconds left of its host work
+        self.iterations = 0
+
+    def _iterate(self, speed: float) -> tuple[float, float | None, float]:
+        """Production's rhythm through the step ending now at `speed` blocks/s (harm
+        lengthens its bursts): the part of the step it runs, when in the step the latest
+        iteration started (None: none did), and the blocks of the step before that start."""
+        rem, running, start, before = DT, 0.0, None, 0.0
+        while rem > 1e-12:
+            if self.burst_left > 0:
+                spent = min(rem, self.burst_left / speed) if speed > 0 else rem
+                self.burst_left -= speed * spent
+                running += spent
+                rem -= spent
+                if self.burst_left <= 1e-9:
+                    self.burst_left, self.host_left = 0.0, self.rhythm.host_s
+            elif self.host_left > 1e-12:
+                spent = min(rem, self.host_left)
+                self.host_left -= spent
+                rem -= spent
+            else:
+                self.burst_left = self.solo * self.rhythm.busy_s
+                if self.burst_left <= 0:
+                    break
+                start, before = DT - rem, running * speed
+                self.iterations += 1
+        return running / DT, start, before
 
     def run(self, seconds, production=True, opportunistic=True):
         for _ in range(round(seconds / DT)):
@@ -96,6 +131,10 @@ class Rig:
                 prod *= 1 - self.queue_harm
             if opp and deep:
                 prod *= 1 - self.deep_harm
+            started = None
+            if self.rhythm and production:
+                running, started, before = self._iterate(prod)
+                self.pause = 1 - running
             idle = not self.solo or self.pause >= 1
             seen = Overlap()
             if self.overlap is not None and production and opportunistic and not idle:
@@ -108,14 +147,23 @@ class Rig:
             # production's shim marks the first launch after an idle spell, and a job paused
             # on its host launches nothing: in a step without production's work tgsd reads
             # the mark before it again
-            self.paused_s += DT if idle else self.pause * DT
+            # (a job in its rhythm: its host spells are not pauses, and it marks each
+            # iteration's start, expecting spells of up to twice its host work once it has
+            # gone idle eight times)
+            self.paused_s += 0.0 if self.rhythm else DT if idle else self.pause * DT
             if not production:
                 self.mark = None  # production that comes back is a new container, unmarked
+            elif self.rhythm:
+                if started is not None:
+                    self.mark = Mark("production", self.t - DT + started, int(self.produced - prod * DT + before),
+                                     self.paused_s)
             elif self.marked and not idle:
                 self.mark = Mark("production", self.t, int(self.produced), self.paused_s)
             marks = (self.mark,) if self.marked and production and self.mark else ()
+            rhythm_s = 2 * self.rhythm.host_s if self.rhythm and self.iterations > 8 else 0.0
             self.budget = self.ctl.step(Sample(self.t, DT, int(prod * DT), int(opp * DT), production, opportunistic,
-                                               marks, production_processes=self.processes, overlap=seen))
+                                               marks, production_processes=self.processes, overlap=seen,
+                                               production_rhythm_s=rhythm_s))
         return self.budget
 
 
@@ -164,12 +212,33 @@ def stalls(length: float, every: float, seed: int) -> Pauses:
     return Pauses(part)
 
 
-GROUPS: dict[str, list[tuple[str, Load | Pauses]]] = {
+@dataclass(frozen=True)
+class Rhythm:
+    """Production whose every iteration is `busy_s` of work on the GPU (at its solo
+    progress, longer where harm slows it) and then `host_s` on its host (a slow data
+    loader, an environment's step): launching nothing, not idle (`Rig.rhythm`)."""
+    busy_s: float
+    host_s: float
+
+    def progress(self, solo: float) -> float:
+        """Its blocks/s alone."""
+        return solo * self.busy_s / (self.busy_s + self.host_s)
+
+    def allowed(self, solo: float, harm: float, capacity: float) -> float:
+        """The opportunistic rate (the same through its bursts and its host work, as
+        tgsd's is) that lengthens its bursts enough to cost it exactly the tolerance."""
+        stretch = ((self.busy_s + self.host_s) / (1 - TOLERANCE) - self.host_s) / self.busy_s
+        return min(capacity, solo * (1 - 1 / stretch) / harm)
+
+
+GROUPS: dict[str, list[tuple[str, Load | Pauses | Rhythm]]] = {
     "falls": [(f"fall {c:.0%} over {s:g} s", ramp(-c, s)) for c in (0.1, 0.3, 0.5) for s in (0, 2, 5, 10, 30, 60)],
     "rises": [(f"rise {c:.0%} over {s:g} s", ramp(c, s)) for c in (0.1, 0.3, 0.5) for s in (0.1, 2, 8, 16, 30)],
     "waves": [(f"wave +-{a:.0%}, period {p:g} s", wave(a, p)) for a in (0.05, 0.1, 0.2) for p in (2, 6, 20, 60)],
     "stalls": [(f"stall {n:g} s every {e:g} s", stalls(n, e, seed)) for seed, (n, e) in
                enumerate(itertools.product((0.1, 0.25, 0.4), (1, 2.5, 5)))],
+    "rhythms": [(f"{b:g} s on the GPU, {h:g} s on the host", Rhythm(b, h)) for b in (0.1, 0.2, 0.4)
+                for h in (0.3, 0.6, 0.7)],
 }
 
 
@@ -184,18 +253,21 @@ class Case:
     opportunistic_worst: float
 
 
-def settled(harm: float, lag_s: float = 0.0) -> Rig:
-    """A rig sharing with a settled bound (no deeper trials): production measured alone at
-    SOLO, opportunistic work beside it for 50 s without harm; from now on each opportunistic
-    block costs production `harm` blocks, `lag_s` late."""
+def settled(harm: float, lag_s: float = 0.0, rhythm: Rhythm | None = None) -> Rig:
+    """A rig sharing with a settled bound (no deeper trials): production (in its `rhythm`,
+    where it has one) measured alone at SOLO, opportunistic work beside it for 50 s without
+    harm; from now on each opportunistic block costs production `harm` blocks, `lag_s` late."""
     r = Rig(FastController(ControlConfig(inflight_deepest=2)), solo=SOLO, lag_s=lag_s, marked=True)
+    r.rhythm = rhythm
     r.run(2, opportunistic=False)
     r.run(50)
     r.harm = harm
     return r
 
 
-def run_case(name: str, load: Load | Pauses, harm: float, lag_s: float) -> Case:
+def run_case(name: str, load: Load | Pauses | Rhythm, harm: float, lag_s: float) -> Case:
+    if isinstance(load, Rhythm):
+        return _run_rhythm(name, load, harm, lag_s)
     r = settled(harm, lag_s)
     production, opportunistic = [], []
     p0, o0, solo, allowed = r.produced, r.opportunistic_done, 0.0, 0.0
@@ -212,6 +284,27 @@ def run_case(name: str, load: Load | Pauses, harm: float, lag_s: float) -> Case:
             production.append((r.produced - p0) / solo)
             opportunistic.append((r.opportunistic_done - o0) / allowed)
             p0, o0, solo, allowed = r.produced, r.opportunistic_done, 0.0, 0.0
+    mean = lambda xs: sum(xs) / len(xs)
+    return Case(name, harm, lag_s, round(min(production), 4), round(mean(production), 4),
+                round(mean(opportunistic), 3), round(min(opportunistic), 3))
+
+
+def _run_rhythm(name: str, rhythm: Rhythm, harm: float, lag_s: float) -> Case:
+    """A case of production in its rhythm: against its progress alone (in each window, from
+    its first iteration start to its last: a count of its blocks is off by up to a burst),
+    and opportunistic work against the rate that costs it exactly the tolerance."""
+    r = settled(harm, lag_s, rhythm)
+    production, opportunistic = [], []
+    solo, allowed = rhythm.progress(SOLO), rhythm.allowed(SOLO, harm, r.capacity) * WINDOW_S
+    for _ in range(round(RUN_S / WINDOW_S)):
+        o0, starts = r.opportunistic_done, []
+        for _ in range(round(WINDOW_S / DT)):
+            r.run(DT)
+            if r.mark is not None and (not starts or r.mark.t > starts[-1].t):
+                starts.append(r.mark)
+        first, last = starts[0], starts[-1]
+        production.append((last.blocks - first.blocks) / (last.t - first.t) / solo)
+        opportunistic.append((r.opportunistic_done - o0) / allowed)
     mean = lambda xs: sum(xs) / len(xs)
     return Case(name, harm, lag_s, round(min(production), 4), round(mean(production), 4),
                 round(mean(opportunistic), 3), round(min(opportunistic), 3))

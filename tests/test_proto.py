@@ -84,6 +84,22 @@ def test_parse_refuses_what_breaks_the_contract():
         proto.frame(b"\0" * (proto.MAX_FRAME + 1))
 
 
+def test_tgsd_reads_a_production_process_s_rhythm_from_the_expectation_it_wrote(tmp_path):
+    """Going idle, a production process expects to launch again from its shortest recent
+    idle spell on: twice that is the longest spell it takes as its rhythm (where its shim
+    starts counting a pause). None while it runs (withdrawn), nor for slots without one."""
+    from tgs_runtime.control import ActivityFile
+
+    act = ActivityFile.create(tmp_path / "activity")
+    assert act.rhythm_ns(3) == 0, "nothing written"
+    act.expect(3, 1_000_000_000, 1_600_000_000, 2_100_000_000)
+    assert act.rhythm_ns(3) == 1_200_000_000
+    act.view.expect[3].due_until_ns = 0  # it launched again
+    assert act.rhythm_ns(3) == 0
+    assert act.rhythm_ns(proto.EXPECT_SLOTS) == act.rhythm_ns(proto.NO_SLOT) == 0
+    act.close()
+
+
 def test_a_dead_production_process_leaves_neither_its_byte_nor_its_expectation(tmp_path):
     from tgs_runtime.control import ActivityFile
 

@@ -776,6 +776,31 @@ def test_production_s_own_pauses_are_not_taken_for_a_change_of_its_load(simgpu, 
     assert near >= 8, f"production's progress against its figure: {readings}"
 
 
+def test_production_on_its_host_every_iteration_is_not_profiled_at_each_return(simgpu, tgsd, libshim):
+    """A production job of 50 ms of kernels and 0.55 s on its host every iteration (a slow
+    data loader) beside a GPU-bound opportunistic one. Once its shim has gone idle eight
+    times, it expects those spells, tgsd reads the expectation, and production on its host
+    is not idle: its returns are no longer profiled, and the opportunistic job has the
+    time between its bursts. Before, every 0.55 s spell was taken as idle and every return
+    profiled (a GPU-bound job beside 0.2 s of kernels and 0.6 s on the host had 0.40 of the
+    idle time on simgpu)."""
+    d = tgsd()
+    prod, opp = d.register("production"), d.register("opportunistic")
+    slow = Workload(kernel_us=10_000, kernels=5, gap_us=550_000, seconds=16, report_s=1)
+    p = simgpu.workload(slow, "prod", prod.env(libshim.shim))
+    o = simgpu.workload(dataclasses.replace(HOG, seconds=16), "opp", opp.env(libshim.shim))
+    simgpu.wait_for_contexts(["prod", "opp"])
+    time.sleep(8)  # its first eight spells, and the profile of its first return after them
+    shared = busy(simgpu, ["prod", "opp"], 6)
+    p.wait()
+    o.wait()
+    returns = [e["why"] for e in d.events() if e.get("event") == "controller decision"
+               and e.get("why", "").startswith("production back from idle")]
+    assert len(returns) <= 10, f"{len(returns)} returns profiled in 16 s of 0.6 s iterations"
+    idle = 1 - shared["prod"] / 6
+    assert shared["opp"] / 6 >= 0.7 * idle, f"the job had {shared['opp'] / 6:.3f} of the engine, {idle:.3f} idle"
+
+
 def test_a_job_with_host_work_between_launches_gets_the_idle_time_once_the_bound_deepens(simgpu, tgsd, libshim):
     """100 us kernels with 3 ms of host work mid-iteration beside production at 50 % duty:
     under a bound of two the GPU runs dry during the host work (about 0.8 of the idle

@@ -229,6 +229,19 @@ class ActivityFile(_Mapped):
             self.view.expect[slot].due_until_ns = 0
         self.view.expect_slots = min(proto.EXPECT_SLOTS, max(in_use, default=-1) + 1)
 
+    def rhythm_ns(self, slot: int) -> int:
+        """The idle spell a production process now expects to take at most as its rhythm:
+        twice the shortest of its recent ones (where its shim starts counting a pause,
+        tgs_proto.h), from the expectation it wrote going idle; 0 where none stands (it
+        runs, has not gone idle eight times yet, or its slot has none). A read torn by the
+        shim rewriting it is 0."""
+        if slot >= proto.EXPECT_SLOTS:
+            return 0
+        e = self.view.expect[slot]
+        until = e.due_until_ns
+        rhythm = 2 * (e.due_ns - e.idle_ns) if until else 0
+        return rhythm if e.due_until_ns == until and rhythm > 0 else 0
+
     def expect(self, slot: int, idle_ns: int, due_ns: int, due_until_ns: int) -> None:
         """Writes a production process's expectation as its shim does (benchmarks, tests)."""
         e = self.view.expect[slot]

@@ -31,7 +31,8 @@ take turns at it (`take_turns`). Pure logic: no clocks, no I/O.
   for harm (the isolation bench's 75 % duty lost a fifth of its idle time to
   that). Production's own load growing (P above S by 10 % for half a second) or falling
   (cuts that do not bring P back) triggers a new profile, unless the shims tell (below). Production launching nothing for
-  half a second lifts the limit at once and brings back the configured in-flight bound
+  half a second (or, where its shims expect longer spells every iteration, up to 1.5 s:
+  its rhythm, `_idle_after`) lifts the limit at once and brings back the configured in-flight bound
   (and ends a profile under way, which measured nothing), and its return is profiled (it
   may be a new job);
   one attached beside opportunistic work before its first launch is idle from the start.
@@ -75,7 +76,9 @@ take turns at it (`take_turns`). Pure logic: no clocks, no I/O.
   is followed: profiled again 5 s later, and replaced again while it moves on the same
   way, or where it is found above by the tolerance (`_followed`); once it settles, the
   periodic profile comes sooner, 10, 20 and 40 s later, then every reprofile_s. Decisions
-  every 0.5 s on windows of up to 3 s: it reacts in seconds.
+  every 0.5 s on windows of up to 3 s: it reacts in seconds. A job of long iterations
+  (over half a second) is judged on two of them, and profiled as long
+  (`_two_iterations_s`).
 - `tgs-paper` reproduces the original TGS code's controller for comparison: 5 s samples,
   a profile sample with the opportunistic job paused, slow start (x1.5 per sample), then
   additive increase, 8 % decrease when production falls more than 3 % below its solo
@@ -85,6 +88,7 @@ from __future__ import annotations
 
 import collections
 import enum
+import itertools
 import math
 from dataclasses import dataclass, field
 
@@ -148,6 +152,10 @@ class Sample:
     # measure of sharing's harm
     production_processes: frozenset[int] = frozenset()
     overlap: Overlap = Overlap()  # in the period (its span is dt)
+    # the longest idle spell production's processes now expect to take (twice the shortest
+    # of their recent ones: tgs_proto.h's expectations; 0: none expected): within it, a job
+    # that spends that long on its host every iteration is not idle (`FastController._idle_after`)
+    production_rhythm_s: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -203,8 +211,11 @@ class Window:
     that launches nothing, and counted in, a stall read as a fall of its progress, taken
     for harm or for a change of its load (in the controller rig, production pausing 0.1-0.4
     s every 1-5 s held opportunistic work at 0.40 of what the tolerance allows; 0.95 with
-    the pauses left out)."""
-    TIMED_SPAN = 0.5  # each container's iteration starts must span this part of the stretch
+    the pauses left out). A container whose starts span less of the stretch times it too
+    where the stretch begins and ends within one of its iterations of them (a job of a few
+    iterations a second, or one every 0.8 s: counted, a 2 s stretch of it held two or three
+    of them, off by a third)."""
+    TIMED_SPAN = 0.5  # each container's iteration starts must span this part of the stretch ...
 
     def __init__(self, span: float):
         self.span = span
@@ -243,6 +254,30 @@ class Window:
         return Overlap(sum(s.overlap.busy_s for s in seen), sum(s.overlap.gated_s for s in seen),
                        sum(s.overlap.overlap_s for s in seen), sum(s.dt for s in seen))
 
+    def _marks(self, source: str, since: float) -> list[Mark]:
+        """A container's iteration starts at or after `since`, each once (every sample
+        carries the latest)."""
+        marks: list[Mark] = []
+        for s in self.items:
+            for m in s.marks:
+                if m.source == source and m.t >= since - 1e-9 and (not marks or m.t > marks[-1].t):
+                    marks.append(m)
+        return marks
+
+    @staticmethod
+    def _longest(marks: list[Mark]) -> float:
+        """The longest of the iterations between the marks, less the pauses in it (0: none)."""
+        return max(((b.t - a.t) - (b.paused_s - a.paused_s) for a, b in itertools.pairwise(marks)), default=0.0)
+
+    def iteration_s(self) -> float:
+        """The length of production's latest iteration: the longest of each container's
+        between its last two marks (0: not known). Not the window's longest: one that
+        spans a return from idle (or a new process, whose shim counts no pause before
+        its eighth idle spell) is no iteration of the job, and is the latest only until
+        its next mark."""
+        latest = self.items[-1].marks if self.items else ()
+        return max((self._longest(self._marks(m.source, -math.inf)[-2:]) for m in latest), default=0.0)
+
     def _timed(self, since: float, covered: float) -> float | None:
         """The containers are those of the latest sample's marks (none: counted); one
         whose starts in the stretch do not span enough of it (a new job, an idle one)
@@ -250,16 +285,21 @@ class Window:
         latest = self.items[-1].marks if self.items else ()
         if not latest:
             return None
+        end = self.items[-1].t
         total = 0.0
         for source in (m.source for m in latest):
-            marks = [m for s in self.items for m in s.marks if m.source == source and m.t >= since - 1e-9]
-            if not marks:
+            marks = self._marks(source, since)
+            if len(marks) < 2:
                 return None
             first, last = marks[0], marks[-1]
             span = last.t - first.t
             active = span - (last.paused_s - first.paused_s)
-            if span < self.TIMED_SPAN * covered or last.blocks <= first.blocks or active <= 0:
+            if last.blocks <= first.blocks or active <= 0:
                 return None
+            if span < self.TIMED_SPAN * covered:  # ... or hold the stretch's ends within an iteration
+                longest = self._longest(marks)
+                if first.t - (end - covered) > longest or end - last.t > longest:
+                    return None
             total += (last.blocks - first.blocks) / active
         return total
 
@@ -304,7 +344,8 @@ class FastController:
     ACCEPT_AFTER_PROFILE_S = 15.0  # cuts that do not help this soon after a profile, far below: accept P
     FAR_BELOW = 4      # tolerances: a fall deeper than this is more than waiting behind a kernel explains
     CHECK_PART = 0.1   # cuts down to this part of opportunistic work's rate leave production below: check S
-    IDLE_S = 0.5       # production launched nothing this long: it is idle, opportunistic takes all
+    IDLE_S = 0.5       # production launched nothing this long: it is idle, opportunistic takes all ...
+    RHYTHM_MAX_S = WINDOW_S / 2  # ... or, within its rhythm up to this (`_idle_after`), that long
     TURNOVER_S = 1.0   # a production process started or ended: its load is judged this long after
     PROFILES_KEPT = 8  # the solo figure is the mean of the last profiles of one load
     FOLLOW_S = 5.0     # a figure taken from a load that was moving is measured again this much later
@@ -745,14 +786,34 @@ class FastController:
         self._afresh()
         self._change(t, why, Phase.RUN, UNLIMITED)
 
-    def _idle_why(self) -> str:
+    def _idle_why(self, idle_after: float) -> str:
         """The decision log's words for production found idle, by what it was doing."""
         if self.phase == Phase.FREE:
             return "production attached, launching nothing yet: no limit"
         if self.phase == Phase.SOLO:
             return "opportunistic work arrived beside production launching nothing: no limit"
         ended = "; the profile under way measured nothing" if self.phase == Phase.PROFILE else ""
-        return f"production launched nothing for {self.IDLE_S:g} s: no limit{ended}"
+        return f"production launched nothing for {idle_after:.2g} s: no limit{ended}"
+
+    def _idle_after(self, s: Sample) -> float:
+        """How long production must launch nothing to be idle: IDLE_S, or where its
+        processes expect a longer spell (`Sample.production_rhythm_s`: a job that spends
+        0.6 s on its host every iteration, a slow data loader's, an environment's step),
+        that long, up to RHYTHM_MAX_S: two of its iterations fit the window its progress
+        is timed over (`_two_iterations_s`). Taken as idle each time, each of its returns was
+        profiled: on simgpu a GPU-bound job beside 0.2 s of kernels and 0.6 s on the host
+        an iteration had 0.40 of the idle time, 49 profiles in 40 s."""
+        rhythm = s.production_rhythm_s
+        return max(self.IDLE_S, rhythm) if rhythm <= self.RHYTHM_MAX_S else self.IDLE_S
+
+    def _two_iterations_s(self) -> float:
+        """How long two of production's latest iterations take, up to WINDOW_S: a stretch
+        that long holds two of its iteration starts, which time its progress over the
+        stretch (`Window`). A decision needs that much data where it is more than
+        MIN_DATA_S, and a profile lasts that much after it settles where that is more than
+        profile_s (a job of one iteration every 0.7 s: profiled for a second, one start or
+        two, its count read 25,160 blocks/s for 28,571, taken as a new load)."""
+        return min(self.WINDOW_S, 2 * self.window.iteration_s())
 
     def _held(self, t: float, o: float, long_o: float) -> None:
         """Production holds: the rate ramps back (or goes where it is unused), else the in-flight
@@ -815,7 +876,8 @@ class FastController:
                 self.violations = None
                 self._change(t, "a production process started or ended: measured afresh")
                 return self._budget()
-        quiet = self.window.quiet_s() >= self.IDLE_S - 1e-9
+        idle_after = self._idle_after(s)
+        quiet = self.window.quiet_s() >= idle_after - 1e-9
         if s.opportunistic and quiet:
             # production is idle (between jobs, evaluating on the CPU): no limit; the gate
             # and the in-flight bound protect it when it comes back, and its return is
@@ -829,7 +891,7 @@ class FastController:
             # and idle when opportunistic work arrives is not profiled until it launches
             # (a profile of it measured nothing for two seconds, and was extended)
             if not (self.idle and self.phase == Phase.RUN):
-                self._idle(t, self._idle_why())
+                self._idle(t, self._idle_why(idle_after))
             return self._budget()
         if self.phase == Phase.FREE:
             self._change(t, "production arrived", Phase.SOLO if not s.opportunistic else Phase.PROFILE)
@@ -854,7 +916,7 @@ class FastController:
                 self.solo, self.profiles = None, []
                 self._change(t, "production launching, alone: measured from now")
                 return self._budget()
-            if covered >= self.MIN_DATA_S and not s.opportunistic:
+            if not s.opportunistic and covered >= max(self.MIN_DATA_S, self._two_iterations_s()):
                 # measured alone: the figure; profiles of the load before are not averaged
                 # with later ones (they pulled the figure back towards a load production no
                 # longer ran at the next periodic profile). Not from the period in which
@@ -876,7 +938,7 @@ class FastController:
                                  UNLIMITED)
             return self._budget()
         if self.phase == Phase.PROFILE:
-            if t - self.profile_from + s.dt > self.cfg.profile_s + 1e-9:
+            if t - self.profile_from + s.dt > max(self.cfg.profile_s, self.SETTLE_S + self._two_iterations_s()) + 1e-9:
                 fading = self._fading(t, since, covered)
                 if fading:
                     self.profile_first = p
@@ -946,13 +1008,16 @@ class FastController:
             self._profile(t, "the solo figure was taken while production's load moved", same_load=True,
                           purpose=Purpose.FOLLOW)
             return self._budget()
-        if t - self.decided_at < self.DECIDE_S or covered < self.MIN_DATA_S:
+        if t - self.decided_at < self.DECIDE_S:
+            return self._budget()
+        need = max(self.MIN_DATA_S, self._two_iterations_s())
+        if covered < need:
             return self._budget()
         self.decided_at = t
         solo = self.solo or 0.0
         tol = self.cfg.tolerance
         long_p, long_o, long_covered = p, o, covered
-        judged_from = max(since, t - self.QUICK_S)
+        judged_from = max(since, t - max(self.QUICK_S, need))
         p, o, _ = self.window.rates(judged_from)
         cutting = self.rate < self.rate_good  # cut since production last held
         if (1 - 2 * tol) * solo <= p < (1 - tol) * solo and self.bound.kernels == 1 and not cutting:

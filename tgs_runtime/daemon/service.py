@@ -602,8 +602,9 @@ class Daemon:
         prod = [(c, s) for c, s in members if c.cls == proto.Class.PRODUCTION]
         opp = [(c, s) for c, s in members if c.cls == proto.Class.OPPORTUNISTIC]
         procs = frozenset(p.id for c, _ in prod for p in c.processes.values() if p.slot != proto.NO_SLOT)
+        rhythm_ns = max((st.activity.rhythm_ns(p.slot) for c, _ in prod for p in c.processes.values()), default=0)
         budget = st.controller.step(Sample(now, dt, prod_blocks, opp_blocks, bool(prod), bool(opp), _marks(prod), procs,
-                                           Overlap(busy_ns / 1e9, gated_ns / 1e9, overlap_ns / 1e9)))
+                                           Overlap(busy_ns / 1e9, gated_ns / 1e9, overlap_ns / 1e9), rhythm_ns / 1e9))
         # a container none of whose processes has connected yet does not take part in the split
         claimants = [Claimant(c.id, c.attained(), c.achieved[s], c.budget[s], c.order, c.bound_wait[s])
                      for c, s in opp if c.processes]

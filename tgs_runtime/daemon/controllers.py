@@ -276,7 +276,15 @@ class Window:
         its eighth idle spell) is no iteration of the job, and is the latest only until
         its next mark."""
         latest = self.items[-1].marks if self.items else ()
-        return max((self._longest(self._marks(m.source, -math.inf)[-2:]) for m in latest), default=0.0)
+        return max((self._longest(self._last_two(m)) for m in latest), default=0.0)
+
+    def _last_two(self, latest: Mark) -> list[Mark]:
+        """A container's last two iteration starts in the window, its `latest` the last."""
+        for s in reversed(self.items):
+            for m in s.marks:
+                if m.source == latest.source and m.t < latest.t:
+                    return [m, latest]
+        return [latest]
 
     def _timed(self, since: float, covered: float) -> float | None:
         """The containers are those of the latest sample's marks (none: counted); one
@@ -806,6 +814,11 @@ class FastController:
         rhythm = s.production_rhythm_s
         return max(self.IDLE_S, rhythm) if rhythm <= self.RHYTHM_MAX_S else self.IDLE_S
 
+    def _data_s(self) -> float:
+        """The data a decision, or production's figure measured alone, needs since the
+        last change: MIN_DATA_S, or two of its iterations where they take longer."""
+        return max(self.MIN_DATA_S, self._two_iterations_s())
+
     def _two_iterations_s(self) -> float:
         """How long two of production's latest iterations take, up to WINDOW_S: a stretch
         that long holds two of its iteration starts, which time its progress over the
@@ -916,7 +929,7 @@ class FastController:
                 self.solo, self.profiles = None, []
                 self._change(t, "production launching, alone: measured from now")
                 return self._budget()
-            if not s.opportunistic and covered >= max(self.MIN_DATA_S, self._two_iterations_s()):
+            if not s.opportunistic and covered >= self.MIN_DATA_S and covered >= self._data_s():
                 # measured alone: the figure; profiles of the load before are not averaged
                 # with later ones (they pulled the figure back towards a load production no
                 # longer ran at the next periodic profile). Not from the period in which
@@ -938,7 +951,8 @@ class FastController:
                                  UNLIMITED)
             return self._budget()
         if self.phase == Phase.PROFILE:
-            if t - self.profile_from + s.dt > max(self.cfg.profile_s, self.SETTLE_S + self._two_iterations_s()) + 1e-9:
+            elapsed = t - self.profile_from + s.dt
+            if elapsed > self.cfg.profile_s + 1e-9 and elapsed > self.SETTLE_S + self._two_iterations_s() + 1e-9:
                 fading = self._fading(t, since, covered)
                 if fading:
                     self.profile_first = p
@@ -1010,7 +1024,7 @@ class FastController:
             return self._budget()
         if t - self.decided_at < self.DECIDE_S:
             return self._budget()
-        need = max(self.MIN_DATA_S, self._two_iterations_s())
+        need = self._data_s()
         if covered < need:
             return self._budget()
         self.decided_at = t

@@ -84,6 +84,8 @@ def test_host_work_mid_iteration_overlaps_the_kernels_queued_before_it(simgpu):
     (["--kernels", "4", "--long-kernels", "5"], "--long-kernels 5: more than the 4 kernels"),
     (["--shapes", "0"], "--shapes 0"),
     (["--host-us", "-1"], "--host-us -1"),
+    (["--stall-us", "300000"], "--stall-us 300000 without --stall-every: give both"),
+    (["--stall-every", "25"], "--stall-every 25 without --stall-us: give both"),
 ])
 def test_bad_flags(simgpu, args, message):
     proc = subprocess.run([str(simgpu.artifacts.workload), *args], env=simgpu.env("w"), capture_output=True,

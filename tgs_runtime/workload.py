@@ -75,7 +75,7 @@ class Workload:
             out += ["--shapes", str(self.shapes)]
         if self.host_us:
             out += ["--host-us", f"{self.host_us:g}"]
-        if self.stall_every:
+        if self.stall_every or self.stall_us:  # one without the other: the workload says what is missing
             out += ["--stall-us", f"{self.stall_us:g}", "--stall-every", str(self.stall_every)]
         return out
 

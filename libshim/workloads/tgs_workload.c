@@ -156,7 +156,7 @@ static void usage(FILE *f) {
             "                   thread sleeps; default 0)\n"
             "  --stall-us US    more CPU time after every --stall-every-th iteration: a pause of the job's\n"
             "                   own, as a data loader's stall (the thread sleeps; default 0)\n"
-            "  --stall-every N  (default 0: no stalls)\n"
+            "  --stall-every N  (default 0: no stalls; give both or neither)\n"
             "  --seconds S      how long to run (default 10); SIGINT or SIGTERM ends the run sooner, as\n"
             "                   if its time were up (it still verifies and reports)\n"
             "  --iterations N   stop after N iterations instead (a job of fixed work; --seconds still caps it)\n"
@@ -225,6 +225,16 @@ static void parse(int argc, char **argv) {
     if (opt.long_kernels > opt.kernels) {
         fprintf(stderr, "tgs-workload: --long-kernels %ld: more than the %ld kernels per iteration (--kernels)\n",
                 opt.long_kernels, opt.kernels);
+        exit(2);
+    }
+    if ((opt.stall_us > 0) != (opt.stall_every > 0)) {
+        /* one without the other is no stall at all: say so rather than run without */
+        if (opt.stall_us > 0)
+            fprintf(stderr, "tgs-workload: --stall-us %g without --stall-every: give both (--stall-every N: a stall "
+                            "after every N-th iteration)\n", opt.stall_us);
+        else
+            fprintf(stderr, "tgs-workload: --stall-every %ld without --stall-us: give both (--stall-us US: how long "
+                            "each stall is)\n", opt.stall_every);
         exit(2);
     }
     if (opt.long_us < 0)

@@ -252,6 +252,12 @@ class Case:
     opportunistic_mean: float  # against what costs production exactly the tolerance
     opportunistic_worst: float
 
+    @classmethod
+    def of(cls, load: str, harm: float, lag_s: float, production: list[float], opportunistic: list[float]) -> "Case":
+        """A case from its windows' figures."""
+        return cls(load, harm, lag_s, round(min(production), 4), round(sum(production) / len(production), 4),
+                   round(sum(opportunistic) / len(opportunistic), 3), round(min(opportunistic), 3))
+
 
 def settled(harm: float, lag_s: float = 0.0, rhythm: Rhythm | None = None) -> Rig:
     """A rig sharing with a settled bound (no deeper trials): production (in its `rhythm`,
@@ -284,9 +290,7 @@ def run_case(name: str, load: Load | Pauses | Rhythm, harm: float, lag_s: float)
             production.append((r.produced - p0) / solo)
             opportunistic.append((r.opportunistic_done - o0) / allowed)
             p0, o0, solo, allowed = r.produced, r.opportunistic_done, 0.0, 0.0
-    mean = lambda xs: sum(xs) / len(xs)
-    return Case(name, harm, lag_s, round(min(production), 4), round(mean(production), 4),
-                round(mean(opportunistic), 3), round(min(opportunistic), 3))
+    return Case.of(name, harm, lag_s, production, opportunistic)
 
 
 def _run_rhythm(name: str, rhythm: Rhythm, harm: float, lag_s: float) -> Case:
@@ -305,9 +309,7 @@ def _run_rhythm(name: str, rhythm: Rhythm, harm: float, lag_s: float) -> Case:
         first, last = starts[0], starts[-1]
         production.append((last.blocks - first.blocks) / (last.t - first.t) / solo)
         opportunistic.append((r.opportunistic_done - o0) / allowed)
-    mean = lambda xs: sum(xs) / len(xs)
-    return Case(name, harm, lag_s, round(min(production), 4), round(mean(production), 4),
-                round(mean(opportunistic), 3), round(min(opportunistic), 3))
+    return Case.of(name, harm, lag_s, production, opportunistic)
 
 
 def summary(cases: list[Case]) -> dict:

@@ -100,6 +100,26 @@ def test_tgsd_reads_a_production_process_s_rhythm_from_the_expectation_it_wrote(
     act.close()
 
 
+def test_tgsd_tells_a_production_process_that_used_the_gpu_from_its_byte_or_its_expectation(tmp_path):
+    """A process has used a GPU while its byte there is set, and for good once it has
+    written an expectation there; a slot cleared for the next process says neither."""
+    from tgs_runtime.control import ActivityFile
+
+    act = ActivityFile.create(tmp_path / "activity")
+    assert not act.used(3)
+    act.view.busy[3] = 1
+    assert act.used(3)
+    act.view.busy[3] = 0
+    act.expect(3, 100, 200, 300)
+    act.view.expect[3].due_until_ns = 0  # it launched again: its expectation withdrawn, its last still there
+    assert act.used(3)
+    act.clear(3)
+    assert not act.used(3), "the slot's next process has not used the GPU"
+    act.view.busy[proto.EXPECT_SLOTS] = 1
+    assert act.used(proto.EXPECT_SLOTS) and not act.used(proto.NO_SLOT)
+    act.close()
+
+
 def test_a_dead_production_process_leaves_neither_its_byte_nor_its_expectation(tmp_path):
     from tgs_runtime.control import ActivityFile
 

@@ -39,13 +39,36 @@ def test_a_production_container_without_processes_leaves_the_other_timed():
         control = SimpleNamespace(iteration_mark=lambda slot: mark)
         return SimpleNamespace(id=cid, processes=processes, control=control), 0
 
-    running = container("a", {1: object()}, (2_000_000_000, 5400, 0))
+    def process(*gpus):
+        return SimpleNamespace(gpus=set(gpus))
+
+    running = container("a", {1: process()}, (2_000_000_000, 5400, 0))
     waiting = container("b", {}, None)
-    assert [(m.source, m.t, m.blocks) for m in _marks([running, waiting])] == [("a", 2.0, 5400)]
-    other = container("c", {2: object()}, (1_000_000_000, 10, 0))
-    assert [m.source for m in _marks([running, other])] == ["a", "c"], "two running jobs: each timed"
-    assert _marks([running, container("d", {3: object()}, None)]) == (), \
+    assert [(m.source, m.t, m.blocks) for m in _marks([running, waiting], "g0")] == [("a", 2.0, 5400)]
+    other = container("c", {2: process()}, (1_000_000_000, 10, 0))
+    assert [m.source for m in _marks([running, other], "g0")] == ["a", "c"], "two running jobs: each timed"
+    assert _marks([running, container("d", {3: process()}, None)], "g0") == (), \
         "a running job without marks: production is counted"
+
+
+def test_a_container_s_pauses_are_left_out_where_one_of_its_processes_uses_the_gpu():
+    """The pauses in a mark are left out of production's progress where one process of the
+    container uses the GPU (one rank per GPU: each GPU's are its rank's), or, none seen on
+    it yet, the container has one process; the pauses of two on one GPU are kept in."""
+    from types import SimpleNamespace
+
+    from tgs_runtime.daemon.service import _marks
+
+    def paused(*processes):
+        control = SimpleNamespace(iteration_mark=lambda slot: (2_000_000_000, 5400, 300_000_000))
+        c = SimpleNamespace(id="a", processes={i: SimpleNamespace(gpus=set(g)) for i, g in enumerate(processes)},
+                            control=control)
+        return _marks([(c, 0)], "g0")[0].paused_s
+
+    assert paused({"g0"}, {"g1"}) == 0.3, "one rank per GPU"
+    assert paused(set()) == 0.3, "one process, not seen on the GPU yet"
+    assert paused({"g0"}, {"g0"}) == 0.0, "two processes on the GPU"
+    assert paused(set(), set()) == 0.0, "two processes, neither seen on the GPU yet"
 
 
 def busy(simgpu, labels, seconds):
@@ -739,7 +762,8 @@ def test_production_measured_alone_is_no_new_decision(simgpu, tgsd, libshim):
     assert len(decisions) <= 5, [e["why"] for e in decisions]
 
 
-def test_production_s_own_pauses_are_not_taken_for_a_change_of_its_load(simgpu, tgsd, libshim):
+@pytest.mark.parametrize("ranks", [1, 2])
+def test_production_s_own_pauses_are_not_taken_for_a_change_of_its_load(simgpu, tgsd, libshim, ranks):
     """A production job that pauses on its own (0.3 s after every half second of
     iterations: a data loader's stall) beside a GPU-bound opportunistic one. Its shim
     counts the pauses, and tgsd leaves them out of its progress: its figure is its pace
@@ -747,12 +771,19 @@ def test_production_s_own_pauses_are_not_taken_for_a_change_of_its_load(simgpu, 
     whatever stalls it held: the figure went 30,654 -> 36,845 -> 26,839 -> 32,264
     blocks/s in 6 s, each move taken as a change of production's own load, and only 4 of
     10 readings of its progress were within 10 % of the figure then (each fall a cut
-    where opportunistic work did not watch; the controller rig's stalls)."""
+    where opportunistic work did not watch; the controller rig's stalls). With two
+    ranks, one per GPU in one container (GPU 1's steady), GPU 0's pauses are its rank's
+    alone and left out as well; they were kept in for any container of several
+    processes (its figure 26,675 blocks/s for a pace of 54,000)."""
+    simgpu.devices = ranks
     d = tgsd()
-    prod, opp = d.register("production"), d.register("opportunistic")
+    prod, opp = d.register("production", ["all"]), d.register("opportunistic")
     stalling = dataclasses.replace(HALF, seconds=10, stall_us=300_000, stall_every=25)
     p = simgpu.workload(stalling, "prod", prod.env(libshim.shim))
     o = simgpu.workload(dataclasses.replace(HOG, seconds=10), "opp", opp.env(libshim.shim))
+    if ranks == 2:
+        steady = simgpu.workload(dataclasses.replace(HALF, seconds=10, device=1), "prod-gpu1", prod.env(libshim.shim))
+        simgpu.wait_for_contexts(["prod-gpu1"], device=1)
     simgpu.wait_for_contexts(["prod", "opp"])
     time.sleep(3)
     readings = []
@@ -762,9 +793,12 @@ def test_production_s_own_pauses_are_not_taken_for_a_change_of_its_load(simgpu, 
         time.sleep(0.5)
     human = subprocess.run([sys.executable, "-m", "tgs_runtime", "status", "--state-dir", str(d.state_dir)],
                            capture_output=True, text=True, timeout=30).stdout
-    paused = d.container(prod.id)["paused_s"]
+    paused, processes = d.container(prod.id)["paused_s"], d.container(prod.id)["processes"]
     p.wait()
     o.wait()
+    if ranks == 2:
+        steady.wait()
+    assert processes == ranks, f"the production container had {processes} processes"
     assert paused >= 2.0, f"its shim counted {paused} s of pauses in about 8 s, 0.3 s of each 0.8"
     assert "since it started, paused on its own " in human, human
     decisions = [e["why"] for e in d.events() if e.get("event") == "controller decision"]

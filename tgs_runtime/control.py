@@ -221,13 +221,25 @@ class ActivityFile(_Mapped):
         return [i for i, b in enumerate(self.view.busy) if b]
 
     def clear(self, slot: int, in_use: Iterable[int] = ()) -> None:
-        """A process that ended or died: not busy, and nothing expected of it. Opportunistic
-        shims then read expectations only as far as the slots still `in_use` (a shim that
-        writes one raises the count again itself)."""
+        """A process that ended or died: not busy, and nothing expected of it (nor anything
+        left that says it used this GPU, for the next process given its slot: `used`).
+        Opportunistic shims then read expectations only as far as the slots still `in_use`
+        (a shim that writes one raises the count again itself)."""
         self.view.busy[slot] = 0
         if slot < proto.EXPECT_SLOTS:
-            self.view.expect[slot].due_until_ns = 0
+            e = self.view.expect[slot]
+            e.due_until_ns = 0
+            e.idle_ns = e.due_ns = 0
         self.view.expect_slots = min(proto.EXPECT_SLOTS, max(in_use, default=-1) + 1)
+
+    def used(self, slot: int) -> bool:
+        """Whether the production process in `slot` has used this GPU: it has work on it
+        now, or it has written an expectation here (once it has gone idle eight times,
+        which is before its shim counts any pause on this GPU). A process of a slot from
+        TGS_EXPECT_SLOTS on is seen only while it has work."""
+        if slot >= proto.ACTIVITY_SLOTS:
+            return False
+        return bool(self.view.busy[slot]) or (slot < proto.EXPECT_SLOTS and self.view.expect[slot].idle_ns != 0)
 
     def rhythm_ns(self, slot: int) -> int:
         """The idle spell a production process now expects to take at most as its rhythm:

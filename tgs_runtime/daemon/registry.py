@@ -70,6 +70,7 @@ class Process:
     tokens: float = 0.0     # message-rate bucket
     tokens_at: float = 0.0
     pending: dict[int, Move] = field(default_factory=dict)  # order id -> the move it orders
+    gpus: set[str] = field(default_factory=set)  # the GPUs (UUIDs) it was seen using, if production
 
     def allow_message(self, now: float, per_s: int) -> bool:
         self.tokens = min(float(per_s), self.tokens + (now - self.tokens_at) * per_s)

@@ -602,8 +602,14 @@ class Daemon:
         prod = [(c, s) for c, s in members if c.cls == proto.Class.PRODUCTION]
         opp = [(c, s) for c, s in members if c.cls == proto.Class.OPPORTUNISTIC]
         procs = frozenset(p.id for c, _ in prod for p in c.processes.values() if p.slot != proto.NO_SLOT)
-        rhythm_ns = max((st.activity.rhythm_ns(p.slot) for c, _ in prod for p in c.processes.values()), default=0)
-        budget = st.controller.step(Sample(now, dt, prod_blocks, opp_blocks, bool(prod), bool(opp), _marks(prod), procs,
+        rhythm_ns = 0
+        for c, _ in prod:
+            for p in c.processes.values():
+                if uuid not in p.gpus and st.activity.used(p.slot):
+                    p.gpus.add(uuid)
+                rhythm_ns = max(rhythm_ns, st.activity.rhythm_ns(p.slot))
+        budget = st.controller.step(Sample(now, dt, prod_blocks, opp_blocks, bool(prod), bool(opp),
+                                           _marks(prod, uuid), procs,
                                            Overlap(busy_ns / 1e9, gated_ns / 1e9, overlap_ns / 1e9), rhythm_ns / 1e9))
         # a container none of whose processes has connected yet does not take part in the split
         claimants = [Claimant(c.id, c.attained(), c.achieved[s], c.budget[s], c.order, c.bound_wait[s])
@@ -790,7 +796,7 @@ def _decision(decided: tuple[float, str] | None) -> dict | None:
     return {"age_s": round(time.monotonic() - at, 1), "why": why or None}
 
 
-def _marks(prod) -> tuple[Mark, ...]:
+def _marks(prod, uuid: str) -> tuple[Mark, ...]:
     """The latest iteration start of each production container on the GPU with processes,
     when every one of them has marked one: each container's marks time its own progress.
     Otherwise none (production is counted). A production container without processes
@@ -799,8 +805,10 @@ def _marks(prod) -> tuple[Mark, ...]:
     container waits for the pair phase, was counted throughout, and a count over half a
     second, off by an iteration in 25, took noise for a load change). Each mark carries
     the container's pauses of its own before it (tgs_proto.h), which production's progress
-    leaves out, where the container has one process: the pauses of several, each counted
-    by its own shim, overlap in ways their sum does not tell."""
+    leaves out, where one of the container's processes uses this GPU (`uuid`: a container
+    of one rank per GPU has its pauses left out on each), or, where none is known to yet,
+    it has one process: the pauses of several on one GPU, each counted by its own shim,
+    overlap in ways their sum does not tell."""
     marks = []
     for c, slot in prod:
         if not c.processes:
@@ -808,7 +816,9 @@ def _marks(prod) -> tuple[Mark, ...]:
         m = c.control.iteration_mark(slot)
         if m is None:
             return ()
-        marks.append(Mark(c.id, m[0] / 1e9, m[1], m[2] / 1e9 if len(c.processes) == 1 else 0.0))
+        users = sum(uuid in p.gpus for p in c.processes.values())
+        alone = users == 1 if users else len(c.processes) == 1
+        marks.append(Mark(c.id, m[0] / 1e9, m[1], m[2] / 1e9 if alone else 0.0))
     return tuple(marks)
 
 

@@ -20,7 +20,8 @@ BENCHMARKS = {
     "overhead": "launch and start in one table",
     "pytorch": "ResNet-50 beside a GPT-2-small-sized model (GPU + torch)",
     "suite": "all of the above within 10 minutes, unattended (TGS_SUITE_MINUTES)",
-    "rig": "the fast controller where production's own load falls, rises, waves (a model: no GPU)",
+    "rig": "the fast controller where production's own load falls, rises, waves or stalls, or comes in bursts "
+           "with host work between (a model: no GPU)",
 }
 
 HELP = ("Run benchmark NAME side by side in one run, and write JSON, a Markdown table and plots.\n\n\b\n"

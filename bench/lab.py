@@ -137,6 +137,7 @@ class ControllerTrace:
         beside = [c["opportunistic_beside_production"] for c in ctl
                   if c.get("opportunistic_beside_production") is not None]
         rates = [c["rate_blocks_per_s"] for c in ctl if c.get("rate_blocks_per_s") is not None]
+        rhythms = [c["rhythm_s"] for _, g in inside for c in g["containers"] if c.get("rhythm_s")]
         return {"samples": len(inside),
                 "watched": len(beside),  # samples in which the opportunistic shims watched production
                 "beside_production_per_s_median": round(statistics.median(beside), 4) if beside else None,
@@ -145,7 +146,10 @@ class ControllerTrace:
                 "rate_blocks_per_s_median": round(statistics.median(rates)) if rates else None,
                 "states": dict(Counter(str(c.get("state")) for c in ctl)),
                 "inflight_max": dict(Counter(str(c.get("inflight_max")) for c in ctl)),
-                "opportunistic_by_bound": self._by_bound(inside)}
+                "opportunistic_by_bound": self._by_bound(inside),
+                # the longest idle spell production's processes expected as their rhythm
+                # (over half a second: on its host between bursts, not idle)
+                "production_rhythm_s_max": max(rhythms, default=None)}
 
     def moves(self, t0: float, t1: float) -> dict:
         """What the controller did between two monotonic moments (a benchmark's phase), as

@@ -461,7 +461,8 @@ def test_a_controller_trace_sums_up_only_its_window():
         return {"controller": {"state": "run", "opportunistic_beside_production": beside, "rate_blocks_per_s": rate,
                                "inflight_max": inflight},
                 "containers": [{"id": "p", "class": "production", "busy_s": busy, "iteration_starts": int(busy * 100),
-                                "paused_s": 0.2 * busy, "gated_s": 0, "beside_production_s": 0, "attained_blocks": 10**9, "throttled_s": 0},
+                                "paused_s": 0.2 * busy, "gated_s": 0, "beside_production_s": 0, "attained_blocks": 10**9, "throttled_s": 0,
+                                "rhythm_s": {5.5: 1.2, 50: 9.9}.get(busy)},
                                {"id": "o", "class": "opportunistic", "busy_s": 0, "gated_s": gated,
                                 "beside_production_s": overlap, "attained_blocks": blocks,
                                 "inflight_wait_s": 0.5 * gated, "anticipation_wait_s": 0.1 * blocks / 1000,
@@ -483,7 +484,8 @@ def test_a_controller_trace_sums_up_only_its_window():
                      "None": {"blocks_per_s": 500, "gated_per_s": 0.45, "inflight_per_s": 0.225,
                               "anticipation_per_s": 0.05, "token_per_s": 0.0},
                      "2": {"blocks_per_s": 2000, "gated_per_s": 0.45, "inflight_per_s": 0.225,
-                           "anticipation_per_s": 0.2, "token_per_s": 0.0}}}
+                           "anticipation_per_s": 0.2, "token_per_s": 0.0}},
+                 "production_rhythm_s_max": 1.2}
     words = ControllerTrace.describe(s)
     assert "production's shims counted it busy 0.5 s/s in 50 iterations/s and paused on its own 0.1 s/s, the " \
            "opportunistic ones waited behind it 0.45 s/s" in words

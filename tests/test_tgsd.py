@@ -826,8 +826,20 @@ def test_production_on_its_host_every_iteration_is_not_profiled_at_each_return(s
     simgpu.wait_for_contexts(["prod", "opp"])
     time.sleep(8)  # its first eight spells, and the profile of its first return after them
     shared = busy(simgpu, ["prod", "opp"], 6)
+    rhythms = []  # (none while it runs a burst: its expectation withdrawn)
+    for _ in range(5):
+        rhythms.append(d.container(prod.id)["rhythm_s"])
+        time.sleep(0.1)
+    said = "between its bursts (its rhythm): not idle within it"
+    for _ in range(3):  # (a reading that falls in a burst has no rhythm to show)
+        human = subprocess.run([sys.executable, "-m", "tgs_runtime", "status", "--state-dir", str(d.state_dir)],
+                               capture_output=True, text=True, timeout=30).stdout
+        if said in human:
+            break
     p.wait()
     o.wait()
+    assert any(r and 1.0 <= r <= 1.25 for r in rhythms), f"its rhythm in tgs status: {rhythms} (0.55 s spells)"
+    assert said in human, human
     returns = [e["why"] for e in d.events() if e.get("event") == "controller decision"
                and e.get("why", "").startswith("production back from idle")]
     assert len(returns) <= 10, f"{len(returns)} returns profiled in 16 s of 0.6 s iterations"

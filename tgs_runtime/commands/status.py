@@ -8,6 +8,7 @@ import click
 
 from tgs_runtime import config as configmod, proto
 from tgs_runtime.admin import AdminClient, DaemonUnavailable, Refused
+from tgs_runtime.daemon.controllers import FastController
 from tgs_runtime.units import format_size
 
 
@@ -30,7 +31,8 @@ def status_cmd(as_json: bool, config_path: Path | None, state_dir: Path | None) 
     """Show each GPU: its containers, class, budget, progress, memory resident and evicted,
     what each opportunistic container has waited for (behind production, at the in-flight
     bound, anticipating production, for tokens), and how long each production container
-    paused on its own (left out of its progress)."""
+    paused on its own (left out of its progress) or spends on its host between bursts
+    (its rhythm, where longer than the idle rule's half second)."""
     try:
         if state_dir is None:
             state_dir = configmod.load(config_path).daemon.state_dir
@@ -71,9 +73,13 @@ def status_cmd(as_json: bool, config_path: Path | None, state_dir: Path | None) 
                        f"{_mem(m['evicted']):>8}")
             if c["class"] == "opportunistic":
                 click.echo("    " + _waited(c))
-            elif c.get("paused_s"):
-                click.echo(f"    since it started, paused on its own {c['paused_s']:.1f} s (a data loader's stall, "
-                           "say), left out of its progress")
+            else:
+                if (c.get("rhythm_s") or 0) > FastController.IDLE_S:
+                    click.echo(f"    on its host up to {c['rhythm_s']:.2f} s between its bursts (its rhythm): not "
+                               "idle within it")
+                if c.get("paused_s"):
+                    click.echo(f"    since it started, paused on its own {c['paused_s']:.1f} s (a data loader's "
+                               "stall, say), left out of its progress")
 
 
 def register(group: click.Group) -> None:

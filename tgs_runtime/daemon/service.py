@@ -758,6 +758,7 @@ class Daemon:
                     "syncs": ctr.syncs, "iteration_starts": ctr.mark_seq // 2,
                     "busy_s": round(ctr.busy_ns / 1e9, 3),
                     "paused_s": round(c.control.pauses(slot).paused_ns / 1e9, 3),
+                    "rhythm_s": _rhythm_s(c, st.activity),
                     "gated_s": round(ctr.gated_ns / 1e9, 3),
                     "beside_production_s": round(ctr.overlap_ns / 1e9, 3),
                     **{proto.wait_key(cause): round(getattr(shim, f"{cause}_wait_ns") / 1e9, 3)
@@ -820,6 +821,15 @@ def _marks(prod, uuid: str) -> tuple[Mark, ...]:
         alone = users == 1 if users else len(c.processes) == 1
         marks.append(Mark(c.id, m[0] / 1e9, m[1], m[2] / 1e9 if alone else 0.0))
     return tuple(marks)
+
+
+def _rhythm_s(c: Container, activity: ActivityFile) -> float | None:
+    """The longest idle spell a production container's processes now expect on the GPU as
+    their rhythm (ActivityFile.rhythm_ns; None: none stands), for status."""
+    if c.cls != proto.Class.PRODUCTION:
+        return None
+    ns = max((activity.rhythm_ns(p.slot) for p in c.processes.values()), default=0)
+    return round(ns / 1e9, 3) if ns else None
 
 
 def _smoothed(figure: float, reading: float) -> float:

@@ -602,12 +602,11 @@ class Daemon:
         prod = [(c, s) for c, s in members if c.cls == proto.Class.PRODUCTION]
         opp = [(c, s) for c, s in members if c.cls == proto.Class.OPPORTUNISTIC]
         procs = frozenset(p.id for c, _ in prod for p in c.processes.values() if p.slot != proto.NO_SLOT)
-        rhythm_ns = 0
         for c, _ in prod:
             for p in c.processes.values():
                 if uuid not in p.gpus and st.activity.used(p.slot):
                     p.gpus.add(uuid)
-                rhythm_ns = max(rhythm_ns, st.activity.rhythm_ns(p.slot))
+        rhythm_ns = max((_rhythm_ns(c, st.activity) for c, _ in prod), default=0)
         budget = st.controller.step(Sample(now, dt, prod_blocks, opp_blocks, bool(prod), bool(opp),
                                            _marks(prod, uuid), procs,
                                            Overlap(busy_ns / 1e9, gated_ns / 1e9, overlap_ns / 1e9), rhythm_ns / 1e9))
@@ -758,7 +757,8 @@ class Daemon:
                     "syncs": ctr.syncs, "iteration_starts": ctr.mark_seq // 2,
                     "busy_s": round(ctr.busy_ns / 1e9, 3),
                     "paused_s": round(c.control.pauses(slot).paused_ns / 1e9, 3),
-                    "rhythm_s": _rhythm_s(c, st.activity),
+                    "rhythm_s": round(_rhythm_ns(c, st.activity) / 1e9, 3) or None
+                    if c.cls == proto.Class.PRODUCTION else None,
                     "gated_s": round(ctr.gated_ns / 1e9, 3),
                     "beside_production_s": round(ctr.overlap_ns / 1e9, 3),
                     **{proto.wait_key(cause): round(getattr(shim, f"{cause}_wait_ns") / 1e9, 3)
@@ -823,13 +823,10 @@ def _marks(prod, uuid: str) -> tuple[Mark, ...]:
     return tuple(marks)
 
 
-def _rhythm_s(c: Container, activity: ActivityFile) -> float | None:
-    """The longest idle spell a production container's processes now expect on the GPU as
-    their rhythm (ActivityFile.rhythm_ns; None: none stands), for status."""
-    if c.cls != proto.Class.PRODUCTION:
-        return None
-    ns = max((activity.rhythm_ns(p.slot) for p in c.processes.values()), default=0)
-    return round(ns / 1e9, 3) if ns else None
+def _rhythm_ns(c: Container, activity: ActivityFile) -> int:
+    """The longest idle spell a production container's processes now expect on the GPU
+    (`activity`'s) as their rhythm (ActivityFile.rhythm_ns; 0: none stands)."""
+    return max((activity.rhythm_ns(p.slot) for p in c.processes.values()), default=0)
 
 
 def _smoothed(figure: float, reading: float) -> float:

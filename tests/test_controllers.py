@@ -220,27 +220,31 @@ def test_production_s_own_pauses_do_not_hold_harmless_work_back(length_s, every_
     assert len(held) * DT <= 1.0 + 1e-9 and all("profil" in why for why in held), collections.Counter(held)
 
 
-@pytest.mark.parametrize("busy_s, host_s", [(0.2, 0.6), (0.1, 0.7)])
+@pytest.mark.parametrize("busy_s, host_s", [(0.2, 0.6), (0.1, 0.7), (0.2, 1.0), (0.1, 2.0)])
 def test_production_on_its_host_every_iteration_is_not_taken_for_idle(busy_s, host_s):
-    """Production whose every iteration is a burst on the GPU and 0.6-0.7 s on its host (a
+    """Production whose every iteration is a burst on the GPU and 0.6-2 s on its host (a
     slow data loader, an environment's step), beside harmless opportunistic work: its
     shims expect those spells (`Sample.production_rhythm_s`), and within them it is not
-    idle; its progress is timed over two of its iterations. Taken as idle after half a
-    second, each of its returns was profiled: opportunistic work was paused for 45.0 and
-    37.5 s of the 60."""
+    idle; its progress is timed over two of its iterations (in a window that grows to
+    hold them). Taken as idle after half a second, each of its returns was profiled:
+    opportunistic work was paused for 45.0, 37.5, 30.0 and 14.5 s of the 60. What holds it
+    back now is the periodic profile, which lasts two of its iterations where they take
+    longer than a second."""
     r = settled(harm=0.0, rhythm=Rhythm(busy_s, host_s))
     held = [b.why for b in (r.run(DT) for _ in range(round(60 / DT))) if b.rate != UNLIMITED]
-    assert len(held) * DT <= 2.0 + 1e-9, collections.Counter(w.split(":")[0] for w in held)
+    profile_s = max(2.0, 2 * (busy_s + host_s) + 0.3)
+    assert len(held) * DT <= profile_s + 1e-9, collections.Counter(w.split(":")[0] for w in held)
     assert not any("back from idle" in w for w in held), collections.Counter(held)
 
 
-def test_production_on_its_host_every_iteration_is_kept_within_the_tolerance_of_harm():
-    """The same production (0.2 s on the GPU, 0.6 s on the host) beside work that costs it
-    up to 20 % of each burst at full rate: timed over two of its iterations, the controller
-    holds it about at the tolerance, and the work gets what the tolerance allows (0.23 of
-    it while each return was profiled)."""
+@pytest.mark.parametrize("host_s", [0.6, 1.0])
+def test_production_on_its_host_every_iteration_is_kept_within_the_tolerance_of_harm(host_s):
+    """The same production (0.2 s on the GPU, 0.6 or 1 s on the host) beside work that
+    costs it up to 20 % of each burst at full rate: timed over two of its iterations, the
+    controller holds it about at the tolerance, and the work gets what the tolerance
+    allows (0.23 and 0.54 of it while each return was profiled)."""
     for lag_s in (0.0, 0.6):
-        case = run_case("", Rhythm(0.2, 0.6), harm=0.1, lag_s=lag_s)
+        case = run_case("", Rhythm(0.2, host_s), harm=0.1, lag_s=lag_s)
         assert case.production_mean >= 0.95 and case.production_worst >= 0.93, case
         assert case.opportunistic_mean >= 0.8, case
 

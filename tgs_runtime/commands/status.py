@@ -22,6 +22,19 @@ def _waited(c: dict) -> str:
         {cause: c.get(proto.wait_key(cause), 0) for cause in proto.WAIT_CAUSES}, "s", ".1f")
 
 
+def rhythm_words(rhythm_s: float) -> str | None:
+    """A production container's rhythm (the longest idle spell its processes expect), in
+    words, where it is longer than the idle rule's half second: within it production is on
+    its host, not idle, up to FastController.RHYTHM_MAX_S; beyond, each spell is idle."""
+    if rhythm_s <= FastController.IDLE_S:
+        return None
+    said = f"on its host up to {rhythm_s:.2f} s between its bursts (its rhythm): "
+    if rhythm_s <= FastController.RHYTHM_MAX_S:
+        return said + "not idle within it"
+    return said + (f"longer than tgsd's {FastController.RHYTHM_MAX_S:g} s, so idle in each spell, and each return "
+                   "profiled")
+
+
 @click.command("status")
 @click.option("--json", "as_json", is_flag=True, help="Print tgsd's status document (schema: docs/status.md).")
 @click.option("--config", "config_path", type=click.Path(dir_okay=False, path_type=Path),
@@ -32,7 +45,8 @@ def status_cmd(as_json: bool, config_path: Path | None, state_dir: Path | None) 
     what each opportunistic container has waited for (behind production, at the in-flight
     bound, anticipating production, for tokens), and how long each production container
     paused on its own (left out of its progress) or spends on its host between bursts
-    (its rhythm, where longer than the idle rule's half second)."""
+    (its rhythm, where longer than the idle rule's half second; up to 4 s, not idle
+    within it)."""
     try:
         if state_dir is None:
             state_dir = configmod.load(config_path).daemon.state_dir
@@ -74,9 +88,9 @@ def status_cmd(as_json: bool, config_path: Path | None, state_dir: Path | None) 
             if c["class"] == "opportunistic":
                 click.echo("    " + _waited(c))
             else:
-                if (c.get("rhythm_s") or 0) > FastController.IDLE_S:
-                    click.echo(f"    on its host up to {c['rhythm_s']:.2f} s between its bursts (its rhythm): not "
-                               "idle within it")
+                rhythm = rhythm_words(c.get("rhythm_s") or 0.0)
+                if rhythm:
+                    click.echo("    " + rhythm)
                 if c.get("paused_s"):
                     click.echo(f"    since it started, paused on its own {c['paused_s']:.1f} s (a data loader's "
                                "stall, say), left out of its progress")

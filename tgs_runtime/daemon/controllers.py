@@ -31,7 +31,7 @@ take turns at it (`take_turns`). Pure logic: no clocks, no I/O.
   for harm (the isolation bench's 75 % duty lost a fifth of its idle time to
   that). Production's own load growing (P above S by 10 % for half a second) or falling
   (cuts that do not bring P back) triggers a new profile, unless the shims tell (below). Production launching nothing for
-  half a second (or, where its shims expect longer spells every iteration, up to 1.5 s:
+  half a second (or, where its shims expect longer spells every iteration, up to 4 s:
   its rhythm, `_idle_after`) lifts the limit at once and brings back the configured in-flight bound
   (and ends a profile under way, which measured nothing), and its return is profiled (it
   may be a new job);
@@ -78,7 +78,8 @@ take turns at it (`take_turns`). Pure logic: no clocks, no I/O.
   periodic profile comes sooner, 10, 20 and 40 s later, then every reprofile_s. Decisions
   every 0.5 s on windows of up to 3 s: it reacts in seconds. A job of long iterations
   (over half a second) is judged on two of them, and profiled as long
-  (`_two_iterations_s`).
+  (`_two_iterations_s`); where its rhythm is over 1.5 s (more than 0.75 s on its host
+  every iteration), the window grows to 10 s to hold them (`_span`).
 - `tgs-paper` reproduces the original TGS code's controller for comparison: 5 s samples,
   a profile sample with the opportunistic job paused, slow start (x1.5 per sample), then
   additive increase, 8 % decrease when production falls more than 3 % below its solo
@@ -353,7 +354,8 @@ class FastController:
     FAR_BELOW = 4      # tolerances: a fall deeper than this is more than waiting behind a kernel explains
     CHECK_PART = 0.1   # cuts down to this part of opportunistic work's rate leave production below: check S
     IDLE_S = 0.5       # production launched nothing this long: it is idle, opportunistic takes all ...
-    RHYTHM_MAX_S = WINDOW_S / 2  # ... or, within its rhythm up to this (`_idle_after`), that long
+    RHYTHM_MAX_S = 4.0  # ... or, within its rhythm up to this (`_idle_after`), that long
+    LONG_WINDOW_S = 10.0  # the window while a rhythm over half WINDOW_S stands in it (`_span`)
     TURNOVER_S = 1.0   # a production process started or ended: its load is judged this long after
     PROFILES_KEPT = 8  # the solo figure is the mean of the last profiles of one load
     FOLLOW_S = 5.0     # a figure taken from a load that was moving is measured again this much later
@@ -807,12 +809,27 @@ class FastController:
         """How long production must launch nothing to be idle: IDLE_S, or where its
         processes expect a longer spell (`Sample.production_rhythm_s`: a job that spends
         0.6 s on its host every iteration, a slow data loader's, an environment's step),
-        that long, up to RHYTHM_MAX_S: two of its iterations fit the window its progress
-        is timed over (`_two_iterations_s`). Taken as idle each time, each of its returns was
+        that long, up to RHYTHM_MAX_S (host spells of up to 2 s: the window grows to time
+        two of its iterations, `_span`). Taken as idle each time, each of its returns was
         profiled: on simgpu a GPU-bound job beside 0.2 s of kernels and 0.6 s on the host
         an iteration had 0.40 of the idle time, 49 profiles in 40 s."""
         rhythm = s.production_rhythm_s
         return max(self.IDLE_S, rhythm) if rhythm <= self.RHYTHM_MAX_S else self.IDLE_S
+
+    def _span(self, s: Sample) -> float:
+        """The window's span: WINDOW_S, or LONG_WINDOW_S while a rhythm longer than half
+        WINDOW_S (and not over RHYTHM_MAX_S) stands in it or in `s` (host spells over 0.75 s
+        every iteration). Two iterations of such a job (a second on its host and 0.2 s on
+        the GPU: 2.4 s; up to 2 s and 2 s: 8 s) time its progress, and WINDOW_S is too short
+        to hold them with the idle spell its rhythm allows: each of its returns was taken
+        for one from idle and profiled (on simgpu, beside 0.2 s of kernels and 1 s on the
+        host an iteration, a GPU-bound job had 0.63 of the idle time; 0.87 with the window
+        grown). Held while such a rhythm is in the window (its shims write it only while the
+        job is on its host); the window is WINDOW_S again 10 s after the last."""
+        def long(r: float) -> bool:
+            return self.WINDOW_S / 2 < r <= self.RHYTHM_MAX_S
+        held = long(s.production_rhythm_s) or any(long(x.production_rhythm_s) for x in self.window.items)
+        return self.LONG_WINDOW_S if held else self.WINDOW_S
 
     def _data_s(self) -> float:
         """The data a decision, or production's figure measured alone, needs since the
@@ -820,13 +837,13 @@ class FastController:
         return max(self.MIN_DATA_S, self._two_iterations_s())
 
     def _two_iterations_s(self) -> float:
-        """How long two of production's latest iterations take, up to WINDOW_S: a stretch
+        """How long two of production's latest iterations take, up to the window's span: a stretch
         that long holds two of its iteration starts, which time its progress over the
         stretch (`Window`). A decision needs that much data where it is more than
         MIN_DATA_S, and a profile lasts that much after it settles where that is more than
         profile_s (a job of one iteration every 0.7 s: profiled for a second, one start or
         two, its count read 25,160 blocks/s for 28,571, taken as a new load)."""
-        return min(self.WINDOW_S, 2 * self.window.iteration_s())
+        return min(self.window.span, 2 * self.window.iteration_s())
 
     def _held(self, t: float, o: float, long_o: float) -> None:
         """Production holds: the rate ramps back (or goes where it is unused), else the in-flight
@@ -851,6 +868,7 @@ class FastController:
             self._profile(t, "periodic", same_load=True, purpose=Purpose.PERIODIC)
 
     def step(self, s: Sample) -> Budget:
+        self.window.span = self._span(s)
         self.window.add(s)
         t = s.t
         since = self.changed_at + self.SETTLE_S

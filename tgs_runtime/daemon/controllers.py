@@ -393,6 +393,7 @@ class FastController:
         self.own_falls: OwnFalls | None = None  # the run of falls taken as production's own, if any
         self.overlap_trusted = True  # no profile of this load has caught the overlap signal out
         self.why = self.FREE_WHY  # what the latest change answered (it starts free)
+        self.long_rhythm_at = float("-inf")  # the latest sample of a rhythm that grows the window (`_span`)
 
     def _change(self, t: float, why: str, phase: Phase | None = None, rate: int | None = None) -> None:
         if phase is not None:
@@ -825,11 +826,10 @@ class FastController:
         for one from idle and profiled (on simgpu, beside 0.2 s of kernels and 1 s on the
         host an iteration, a GPU-bound job had 0.63 of the idle time; 0.87 with the window
         grown). Held while such a rhythm is in the window (its shims write it only while the
-        job is on its host); the window is WINDOW_S again 10 s after the last."""
-        def long(r: float) -> bool:
-            return self.WINDOW_S / 2 < r <= self.RHYTHM_MAX_S
-        held = long(s.production_rhythm_s) or any(long(x.production_rhythm_s) for x in self.window.items)
-        return self.LONG_WINDOW_S if held else self.WINDOW_S
+        job is on its host): the window is WINDOW_S again LONG_WINDOW_S after the last."""
+        if self.WINDOW_S / 2 < s.production_rhythm_s <= self.RHYTHM_MAX_S:
+            self.long_rhythm_at = s.t
+        return self.LONG_WINDOW_S if s.t - self.long_rhythm_at < self.LONG_WINDOW_S else self.WINDOW_S
 
     def _data_s(self) -> float:
         """The data a decision, or production's figure measured alone, needs since the

@@ -237,6 +237,32 @@ def test_production_on_its_host_every_iteration_is_not_taken_for_idle(busy_s, ho
     assert not any("back from idle" in w for w in held), collections.Counter(held)
 
 
+@pytest.mark.parametrize("busy_s, host_s", [(0.1, 2.0), (0.2, 1.5), (0.4, 2.0)])
+def test_a_profile_of_long_iterations_ends_once_two_of_their_starts_time_it(busy_s, host_s):
+    """A profile of production in its rhythm (0.1-0.4 s on the GPU, 1.5-2 s on its host)
+    pauses opportunistic work until two of its iteration starts since the profile settled
+    time its progress, and reads it exactly. Every profile lasted two of its iterations
+    however soon they came: 4.3, 3.5 and 4.9 s each, where these end 1.5-4.2 s in."""
+    r = settled(harm=0.0, rhythm=Rhythm(busy_s, host_s))
+    truth = Rhythm(busy_s, host_s).progress(r.solo)
+    starts: list[float] = []
+    began = None
+    profiles = 0
+    for _ in range(round(300 / DT)):
+        b = r.run(DT)
+        if r.mark is not None and (not starts or r.mark.t > starts[-1]):
+            starts.append(r.mark.t)
+        if b.state == "profile" and began is None:
+            began = r.t
+        elif b.state != "profile" and began is not None:
+            since = began + FastController.SETTLE_S
+            second = [m for m in starts if m >= since][1]
+            assert r.t <= second + DT + 1e-9, (began, r.t, [m for m in starts if m >= began])
+            assert abs(b.solo / truth - 1) < 0.01, b.why
+            began, profiles = None, profiles + 1
+    assert profiles >= 4, profiles
+
+
 @pytest.mark.parametrize("host_s", [0.6, 1.0])
 def test_production_on_its_host_every_iteration_is_kept_within_the_tolerance_of_harm(host_s):
     """The same production (0.2 s on the GPU, 0.6 or 1 s on the host) beside work that

@@ -12,7 +12,7 @@ import pytest
 
 from tgs_runtime.config import ControlConfig, Controller, Share
 from tgs_runtime.daemon import inflight, residency, stall
-from tgs_runtime.daemon.controllers import (UNLIMITED, Claimant, FastController, Mark, PaperController,
+from tgs_runtime.daemon.controllers import (UNLIMITED, Claimant, FastController, Mark, Overlap, PaperController,
                                             Sample, ShareState, Window, make_controller, split, take_turns)
 
 from bench.rig import DT, Rhythm, Rig, run_case, settled, stalls
@@ -917,6 +917,28 @@ def test_a_window_times_a_slow_job_from_two_iteration_starts():
             assert abs(covered - 1.9) < 1e-9 and abs(p - 20_000) < 1e-6, f"counted: {p:,.0f}"
     p, _, covered = w.rates(0.1)
     assert abs(p - 32_000 / covered) < 1e-6, "1.25 s after its last start, no iteration times the stretch"
+
+
+def test_a_window_s_whole_figures_are_those_of_the_samples_it_holds():
+    """tgsd shows production's progress and the overlap over the whole window every control
+    period; the window keeps their sums as samples come and go (a walk over 1,000 samples
+    each period at 10 ms), and they stay those of the samples it holds, as its span
+    changes too."""
+    rnd = random.Random(7)
+    w = Window(3.0)
+    for i in range(1, 3000):
+        if i % 500 == 0:
+            w.span = 10.0 if w.span == 3.0 else 3.0
+        w.add(Sample(i * 0.01, 0.01, rnd.randrange(0, 900), rnd.randrange(0, 900), True, True, (),
+                     overlap=Overlap(rnd.random() * 0.01, rnd.random() * 0.01, rnd.random() * 0.002, 0.01)))
+        held = list(w.items)
+        p, o, covered = w.rates()
+        assert abs(covered - sum(x.dt for x in held)) < 1e-9
+        assert abs(p - sum(x.production_blocks for x in held) / covered) < 1e-6
+        assert abs(o - sum(x.opportunistic_blocks for x in held) / covered) < 1e-6
+        seen = w.overlap()
+        assert abs(seen.busy_s - sum(x.overlap.busy_s for x in held)) < 1e-9
+        assert abs(seen.overlap_s - sum(x.overlap.overlap_s for x in held)) < 1e-9
 
 
 def test_iteration_noise_within_the_tolerance_is_not_taken_for_harm():

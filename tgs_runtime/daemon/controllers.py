@@ -199,6 +199,26 @@ class Turnover:
     figure_before: float | None  # the solo figure before it (None: judged against the figure then)
 
 
+@dataclass
+class Sums:
+    """A window's samples summed as they come and go (`Window.whole`): seconds covered,
+    blocks launched, and their Overlap's parts."""
+    dt: float = 0.0
+    production: int = 0
+    opportunistic: int = 0
+    busy_s: float = 0.0
+    gated_s: float = 0.0
+    overlap_s: float = 0.0
+
+    def add(self, s: Sample, sign: int = 1) -> None:
+        self.dt += sign * s.dt
+        self.production += sign * s.production_blocks
+        self.opportunistic += sign * s.opportunistic_blocks
+        self.busy_s += sign * s.overlap.busy_s
+        self.gated_s += sign * s.overlap.gated_s
+        self.overlap_s += sign * s.overlap.overlap_s
+
+
 class Window:
     """The samples of the last `span` seconds. Production's progress over a stretch is
     timed from iteration start to iteration start when the shims mark them: each
@@ -221,24 +241,32 @@ class Window:
     def __init__(self, span: float):
         self.span = span
         self.items: collections.deque[Sample] = collections.deque()
+        # all of `items` summed as they come and go: the whole window's figures, which
+        # tgsd's status shows every control period, without a walk over up to 1,000 samples
+        self.whole = Sums()
 
     def add(self, s: Sample) -> None:
         self.items.append(s)
+        self.whole.add(s)
         while self.items and self.items[0].t <= s.t - self.span:
-            self.items.popleft()
+            self.whole.add(self.items.popleft(), -1)
 
     def _after(self, since: float) -> list[Sample]:
         """The samples whose period began at or after `since`."""
         return [s for s in self.items if s.t - s.dt >= since - 1e-9]
 
     def rates(self, since: float = float("-inf")) -> tuple[float, float, float]:
-        """(production blocks/s, opportunistic blocks/s, seconds covered) after `since`."""
-        dt = p = o = 0.0
-        for s in self._after(since):
-            dt += s.dt
-            p += s.production_blocks
-            o += s.opportunistic_blocks
-        if dt <= 0:
+        """(production blocks/s, opportunistic blocks/s, seconds covered) after `since`
+        (the whole window by default)."""
+        if since == float("-inf"):
+            dt, p, o = self.whole.dt, self.whole.production, self.whole.opportunistic
+        else:
+            dt = p = o = 0.0
+            for s in self._after(since):
+                dt += s.dt
+                p += s.production_blocks
+                o += s.opportunistic_blocks
+        if dt <= 1e-9:  # (none: the whole's sum may keep a rounding's trace)
             return 0.0, 0.0, 0.0
         timed = self._timed(since, dt)
         return (p / dt if timed is None else timed), o / dt, dt
@@ -250,7 +278,11 @@ class Window:
         return self._timed(since, covered) if covered > 0 else None
 
     def overlap(self, since: float = float("-inf")) -> Overlap:
-        """The samples' Overlap after `since`, summed, over the samples' length."""
+        """The samples' Overlap after `since` (the whole window by default), summed, over
+        the samples' length."""
+        if since == float("-inf"):
+            w = self.whole
+            return Overlap(w.busy_s, w.gated_s, w.overlap_s, w.dt)
         seen = self._after(since)
         return Overlap(sum(s.overlap.busy_s for s in seen), sum(s.overlap.gated_s for s in seen),
                        sum(s.overlap.overlap_s for s in seen), sum(s.dt for s in seen))

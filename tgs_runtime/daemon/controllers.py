@@ -291,10 +291,12 @@ class Window:
         """A container's iteration starts at or after `since`, each once (every sample
         carries the latest)."""
         marks: list[Mark] = []
+        last = since - 1e-9  # (a start before it is left out, one not after the last taken too)
         for s in self.items:
             for m in s.marks:
-                if m.source == source and m.t >= since - 1e-9 and (not marks or m.t > marks[-1].t):
+                if m.t >= last and m.source == source and (not marks or m.t > last):
                     marks.append(m)
+                    last = m.t
         return marks
 
     @staticmethod

@@ -375,7 +375,7 @@ class Purpose(str, enum.Enum):
 
 class FastController:
     DECIDE_S = 0.5     # between decisions
-    WINDOW_S = 3.0     # the longest window a decision looks at (a marginal violation's)
+    WINDOW_S = 3.0     # the longest window a decision looks at (a marginal violation's; but `_span`)
     QUICK_S = 2.0      # the window of every other decision
     MIN_DATA_S = 1.0   # a decision needs this much data since the last change
     CONFIRM_S = 2.5    # a marginal violation needs this much

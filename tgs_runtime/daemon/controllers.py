@@ -166,7 +166,6 @@ class Budget:
     gate: bool      # opportunistic launches wait while production has unfinished work
     state: str
     solo: float | None       # production's solo progress estimate, blocks/s
-    progress: float          # production's progress over the last window, blocks/s
     overlap: float | None = None  # opportunistic work beside production, seconds per second
                                   # over the last window (None: not watched; `Overlap.watched`)
     why: str = ""  # what the latest change of the budget answered (tgsd's decision log)
@@ -417,7 +416,6 @@ class FastController:
         self.drift_since: float | None = None
         self.profiled_at = float("-inf")
         self.reprofile_after = cfg.reprofile_s  # the periodic profile comes this long after the last (`_followed`)
-        self.progress = 0.0
         self.bound = InflightBound(cfg.inflight, cfg.inflight_deepest)
         self.idle = False  # production attached but launching nothing
         self.processes: frozenset[int] = frozenset()  # production's, as of the last sample
@@ -482,8 +480,15 @@ class FastController:
         before its first kernel: what was queued meanwhile has run by then."""
         rate = 0 if self.phase == Phase.PROFILE else UNLIMITED if self.phase in (Phase.FREE, Phase.SOLO) else self.rate
         inflight = 0 if self.phase == Phase.FREE else self.bound.kernels
-        return Budget(rate, inflight, self.phase != Phase.FREE, self.phase.value, self.solo, self.progress,
+        return Budget(rate, inflight, self.phase != Phase.FREE, self.phase.value, self.solo,
                       self.window.overlap().per_s, self.why)
+
+    @property
+    def progress(self) -> float:
+        """Production's progress over the window, blocks/s, for tgsd's status and decision
+        log: computed when they read it (a walk over the window's iteration starts, half of
+        a control step's work at a 10 ms period where it was computed every step)."""
+        return self.window.rates()[0]
 
     def _profile(self, t: float, why: str, same_load: bool = False, purpose: Purpose = Purpose.MEASURE,
                  way: int = 0, resume_at: int | None = None) -> None:
@@ -928,7 +933,6 @@ class FastController:
         t = s.t
         since = self.changed_at + self.SETTLE_S
         p, o, covered = self.window.rates(since)
-        self.progress = self.window.rates()[0]
         if not (s.production and s.opportunistic):
             self._afresh()  # no pair: what the last one found is not the next one's
         if not s.production:
@@ -1147,7 +1151,7 @@ class PaperController:
 
     def _budget(self) -> Budget:
         rate = 0 if self.phase == "profile" else UNLIMITED if self.phase in ("free", "solo") else self.rate
-        return Budget(rate, 0, False, self.phase, self.solo, self.progress)
+        return Budget(rate, 0, False, self.phase, self.solo)
 
     def step(self, s: Sample) -> Budget:
         if not s.production:

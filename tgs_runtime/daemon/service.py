@@ -624,11 +624,11 @@ class Daemon:
             decided = (now, budget.why)  # for `tgs status`: the latest decision, and why
             self.log.debug("controller decision", gpu=uuid, state=budget.state, rate=_rate_text(budget.rate),
                            inflight_max=budget.inflight,
-                           solo_blocks_per_s=budget.solo, progress_blocks_per_s=round(budget.progress),
+                           solo_blocks_per_s=budget.solo, progress_blocks_per_s=round(st.controller.progress),
                            overlap_per_s=None if budget.overlap is None else round(budget.overlap, 4),
                            shares={k: _rate_text(v) for k, v in rates.items()}, **({"why": budget.why} if budget.why else {}))
         gate = budget.gate and not self._production_holds_an_idle_gpu(st, now, bool(prod), prod_blocks > 0)
-        st.last = {"state": budget.state, "rate": budget.rate, "solo": budget.solo, "progress": budget.progress,
+        st.last = {"state": budget.state, "rate": budget.rate, "solo": budget.solo,
                    "inflight": budget.inflight, "gate": gate, "overlap": budget.overlap, "decided": decided}
         # behind production, one container launches at a time; without production, all at once
         if gate:
@@ -773,7 +773,7 @@ class Daemon:
                          "controller": {"state": last.get("state", "idle"),
                                         "rate_blocks_per_s": None if last.get("rate", UNLIMITED) == UNLIMITED else last.get("rate"),
                                         "solo_blocks_per_s": None if last.get("solo") is None else round(last["solo"], 1),
-                                        "production_progress_blocks_per_s": round(last.get("progress", 0.0), 1),
+                                        "production_progress_blocks_per_s": round(st.controller.progress, 1),
                                         "inflight_max": last.get("inflight"), "gate": last.get("gate"),
                                         "opportunistic_beside_production": None if last.get("overlap") is None
                                         else round(last["overlap"], 4),

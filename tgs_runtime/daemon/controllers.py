@@ -845,20 +845,24 @@ class FastController:
         ended = "; the profile under way measured nothing" if self.phase == Phase.PROFILE else ""
         return f"production launched nothing for {idle_after:.2g} s: no limit{ended}"
 
+    def _rhythm(self, s: Sample) -> float:
+        """Production's rhythm as the controller honours it (`Sample.production_rhythm_s`:
+        a job that spends 0.6 s on its host every iteration, a slow data loader's, an
+        environment's step): up to RHYTHM_MAX_S (host spells of up to 2 s: the window grows
+        to time two of its iterations, `_span`); 0 beyond it, or where none stands."""
+        rhythm = s.production_rhythm_s
+        return rhythm if rhythm <= self.RHYTHM_MAX_S else 0.0
+
     def _idle_after(self, s: Sample) -> float:
         """How long production must launch nothing to be idle: IDLE_S, or where its
-        processes expect a longer spell (`Sample.production_rhythm_s`: a job that spends
-        0.6 s on its host every iteration, a slow data loader's, an environment's step),
-        that long, up to RHYTHM_MAX_S (host spells of up to 2 s: the window grows to time
-        two of its iterations, `_span`). Taken as idle each time, each of its returns was
-        profiled: on simgpu a GPU-bound job beside 0.2 s of kernels and 0.6 s on the host
-        an iteration had 0.40 of the idle time, 49 profiles in 40 s."""
-        rhythm = s.production_rhythm_s
-        return max(self.IDLE_S, rhythm) if rhythm <= self.RHYTHM_MAX_S else self.IDLE_S
+        processes expect a longer spell, its rhythm (`_rhythm`). Taken as idle each time,
+        each of its returns was profiled: on simgpu a GPU-bound job beside 0.2 s of kernels
+        and 0.6 s on the host an iteration had 0.40 of the idle time, 49 profiles in 40 s."""
+        return max(self.IDLE_S, self._rhythm(s))
 
     def _span(self, s: Sample) -> float:
-        """The window's span: WINDOW_S, or LONG_WINDOW_S while a rhythm longer than half
-        WINDOW_S (and not over RHYTHM_MAX_S) stands in it or in `s` (host spells over 0.75 s
+        """The window's span: WINDOW_S, or LONG_WINDOW_S while a rhythm honoured (`_rhythm`)
+        and longer than half WINDOW_S stands in it or in `s` (host spells over 0.75 s
         every iteration). Two iterations of such a job (a second on its host and 0.2 s on
         the GPU: 2.4 s; up to 2 s and 2 s: 8 s) time its progress, and WINDOW_S is too short
         to hold them with the idle spell its rhythm allows: each of its returns was taken
@@ -866,7 +870,7 @@ class FastController:
         host an iteration, a GPU-bound job had 0.63 of the idle time; 0.87 with the window
         grown). Held while such a rhythm is in the window (its shims write it only while the
         job is on its host): the window is WINDOW_S again LONG_WINDOW_S after the last."""
-        if self.WINDOW_S / 2 < s.production_rhythm_s <= self.RHYTHM_MAX_S:
+        if self._rhythm(s) > self.WINDOW_S / 2:
             self.long_rhythm_at = s.t
         return self.LONG_WINDOW_S if s.t - self.long_rhythm_at < self.LONG_WINDOW_S else self.WINDOW_S
 

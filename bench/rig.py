@@ -39,6 +39,7 @@ from tgs_runtime.config import ControlConfig
 from tgs_runtime.daemon.controllers import UNLIMITED, FastController, Mark, Overlap, Sample
 
 DT = 0.1
+GAPS_TO_EXPECT = 3  # production's shim expects its spells once it has seen this many (libshim's TGS_GAPS_TO_EXPECT)
 
 
 class Rig:
@@ -149,7 +150,7 @@ class Rig:
             # the mark before it again
             # (a job in its rhythm: its host spells are not pauses, and it marks each
             # iteration's start, expecting spells of up to twice its host work once it has
-            # gone idle eight times)
+            # come back from GAPS_TO_EXPECT of them)
             self.paused_s += 0.0 if self.rhythm else DT if idle else self.pause * DT
             if not production:
                 self.mark = None  # production that comes back is a new container, unmarked
@@ -160,7 +161,7 @@ class Rig:
             elif self.marked and not idle:
                 self.mark = Mark("production", self.t, int(self.produced), self.paused_s)
             marks = (self.mark,) if self.marked and production and self.mark else ()
-            rhythm_s = 2 * self.rhythm.host_s if self.rhythm and self.iterations > 8 else 0.0
+            rhythm_s = 2 * self.rhythm.host_s if self.rhythm and self.iterations > GAPS_TO_EXPECT else 0.0
             self.budget = self.ctl.step(Sample(self.t, DT, int(prod * DT), int(opp * DT), production, opportunistic,
                                                marks, production_processes=self.processes, overlap=seen,
                                                production_rhythm_s=rhythm_s))

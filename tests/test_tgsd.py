@@ -814,12 +814,13 @@ def test_production_s_own_pauses_are_not_taken_for_a_change_of_its_load(simgpu, 
 def test_production_on_its_host_every_iteration_is_not_profiled_at_each_return(simgpu, tgsd, libshim, host_s):
     """A production job of 50 ms of kernels and 0.55 or 1 s on its host every iteration (a
     slow data loader) beside a GPU-bound opportunistic one. Once its shim has gone idle
-    eight times, it expects those spells, tgsd reads the expectation, and production on
+    three times, it expects those spells, tgsd reads the expectation, and production on
     its host is not idle: its returns are no longer profiled, and the opportunistic job has
     the time between its bursts (a job of 1 s spells is timed in a window that grows to
     hold two of its iterations). Before, every spell was taken as idle and every return
     profiled (a GPU-bound job beside 0.2 s of kernels and 0.6 s on the host had 0.40 of the
-    idle time on simgpu, beside 0.2 s and 1 s 0.63)."""
+    idle time on simgpu, beside 0.2 s and 1 s 0.63); and until 2026-11-29 the shim
+    expected nothing before eight spells, whose returns were profiled."""
     d = tgsd()
     prod, opp = d.register("production"), d.register("opportunistic")
     seconds = round(16 + 10 * (host_s - 0.55))
@@ -827,7 +828,7 @@ def test_production_on_its_host_every_iteration_is_not_profiled_at_each_return(s
     p = simgpu.workload(slow, "prod", prod.env(libshim.shim))
     o = simgpu.workload(dataclasses.replace(HOG, seconds=seconds), "opp", opp.env(libshim.shim))
     simgpu.wait_for_contexts(["prod", "opp"])
-    time.sleep(seconds - 8)  # its first eight spells, and the profile of its first return after them
+    time.sleep(seconds - 8)  # its first spells, and the profile of its first return after them
     shared = busy(simgpu, ["prod", "opp"], 6)
     rhythms = []  # (none while it runs a burst: its expectation withdrawn)
     for _ in range(5):
@@ -846,7 +847,7 @@ def test_production_on_its_host_every_iteration_is_not_profiled_at_each_return(s
     assert said in human, human
     returns = [e["why"] for e in d.events() if e.get("event") == "controller decision"
                and e.get("why", "").startswith("production back from idle")]
-    assert len(returns) <= 10, f"{len(returns)} returns profiled in {seconds} s of {host_s + 0.05} s iterations"
+    assert len(returns) <= 5, f"{len(returns)} returns profiled in {seconds} s of {host_s + 0.05} s iterations"
     idle = 1 - shared["prod"] / 6
     assert shared["opp"] / 6 >= 0.7 * idle, f"the job had {shared['opp'] / 6:.3f} of the engine, {idle:.3f} idle"
 

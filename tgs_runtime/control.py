@@ -234,7 +234,7 @@ class ActivityFile(_Mapped):
 
     def used(self, slot: int) -> bool:
         """Whether the production process in `slot` has used this GPU: it has work on it
-        now, or it has written an expectation here (once it has gone idle eight times,
+        now, or it has written an expectation here (once it has gone idle three times,
         which is before its shim counts any pause on this GPU). A process of a slot from
         TGS_EXPECT_SLOTS on is seen only while it has work."""
         if slot >= proto.ACTIVITY_SLOTS:
@@ -245,7 +245,7 @@ class ActivityFile(_Mapped):
         """The idle spell a production process now expects to take at most as its rhythm:
         twice the shortest of its recent ones (where its shim starts counting a pause,
         tgs_proto.h), from the expectation it wrote going idle; 0 where none stands (it
-        runs, has not gone idle eight times yet, or its slot has none). A read torn by the
+        runs, has not gone idle three times yet, or its slot has none). A read torn by the
         shim rewriting it is 0."""
         if slot >= proto.EXPECT_SLOTS:
             return 0

@@ -74,16 +74,18 @@ static void note_gap(struct tgs_gpu *g, uint32_t slot, uint64_t now, int happene
 }
 
 /* Production went idle at `now`: it expects to launch again after the shortest of its
- * recent gaps and before the longest (at most twice the shortest: a job whose gaps vary
- * more is expected only around its shortest), and a gap longer than twice the shortest
- * is in part a pause (note_gap). Each production process writes its own slot's
- * expectation, and makes sure opportunistic shims read that far. */
+ * recent gaps (the last TGS_GAPS, once it has seen TGS_GAPS_TO_EXPECT) and before the
+ * longest (at most twice the shortest: a job whose gaps vary more is expected only around
+ * its shortest), and a gap longer than twice the shortest is in part a pause (note_gap).
+ * Each production process writes its own slot's expectation, and makes sure opportunistic
+ * shims read that far. */
 static void expect_next(struct tgs_gpu *g, uint64_t now) {
     g->idle_ns = now;
-    if (g->ngaps < TGS_GAPS)
+    if (g->ngaps < TGS_GAPS_TO_EXPECT)
         return;
+    unsigned seen = g->ngaps < TGS_GAPS ? g->ngaps : TGS_GAPS;
     uint64_t lo = UINT64_MAX, hi = 0;
-    for (unsigned i = 0; i < TGS_GAPS; i++) {
+    for (unsigned i = 0; i < seen; i++) {
         lo = g->gaps[i] < lo ? g->gaps[i] : lo;
         hi = g->gaps[i] > hi ? g->gaps[i] : hi;
     }

@@ -73,6 +73,10 @@ struct tgs_stream_seen {
     pthread_t thread; /* the launching thread (a per-thread default stream is that thread's) */
 };
 #define TGS_GAPS 8        /* production gaps remembered to expect the next launch */
+#define TGS_GAPS_TO_EXPECT 3 /* ... and how many it must have seen to expect one: the shortest of
+                          * three leaves out a first spell of setting up (loading data, the
+                          * model), and a job on its host 1.5 s every iteration has the first three
+                          * of its returns taken for ones from idle, not eight (tgsd profiles each) */
 #define TGS_TIME_GAP_NS 50000000ull /* ... or fewer, when the last timed one is this long ago */
 #define TGS_TIMED 5       /* timed kernels remembered */
 #define TGS_TIMER_READ_NS 10000000ull /* a timed kernel is read this long after its launch at the latest, */
@@ -91,8 +95,8 @@ struct tgs_gpu { /* one control-block GPU slot, as this process sees it */
     uint64_t busy_since_ns;                /* production: when its byte was set */
     uint64_t gaps[TGS_GAPS];               /* production: its last gaps from idle to the next launch */
     unsigned ngaps;
-    uint64_t usual_gap_ns;                 /* production: twice the shortest of them (0: fewer than TGS_GAPS
-                                            * yet), the longest gap it is expected to take: the part of a
+    uint64_t usual_gap_ns;                 /* production: twice the shortest of them (0: fewer than
+                                            * TGS_GAPS_TO_EXPECT yet), the longest gap it is expected to take: the part of a
                                             * gap beyond it is a pause of its own */
     struct tgs_gpu_pauses *pauses;         /* production: its pauses (tgs_proto.h), in the control block */
     uint64_t logged_gap;                   /* production: the shortest gap it last logged */

@@ -13,8 +13,8 @@ most the rig's 100,000). Falls of 10, 30 and 50 % over 0-60 s, rises of 10, 30 a
 over 0.1-30 s, waves of +-5-20 % with periods of 2-60 s, and stalls: pauses of its own
 of 0.1, 0.25 and 0.4 s (a data loader's), about every 1, 2.5 and 5 s, at moments on no
 control period's boundary, where opportunistic work is allowed the whole GPU, and
-rhythms: iterations of 0.1, 0.2 and 0.4 s on the GPU and 0.3, 0.6, 0.7, 1, 1.5 and 2 s on
-the host (a slow data loader, an environment's step), where opportunistic work is allowed the
+rhythms: iterations of 0.1, 0.2 and 0.4 s on the GPU and 0.3, 0.6, 0.7, 1, 1.5, 2, 3 and 4 s
+on the host (a slow data loader, an environment's step), where opportunistic work is allowed the
 one rate through both that costs production exactly the tolerance; each at
 harm 0.01, 0.03 and 0.1 (full rate costs production 2, 6 and 20 %) and lag 0, 0.3 and 0.6
 s. Production's shim marks an iteration start every 0.1 s while it runs, so tgsd times
@@ -239,7 +239,7 @@ GROUPS: dict[str, list[tuple[str, Load | Pauses | Rhythm]]] = {
     "stalls": [(f"stall {n:g} s every {e:g} s", stalls(n, e, seed)) for seed, (n, e) in
                enumerate(itertools.product((0.1, 0.25, 0.4), (1, 2.5, 5)))],
     "rhythms": [(f"{b:g} s on the GPU, {h:g} s on the host", Rhythm(b, h)) for b in (0.1, 0.2, 0.4)
-                for h in (0.3, 0.6, 0.7, 1.0, 1.5, 2.0)],
+                for h in (0.3, 0.6, 0.7, 1.0, 1.5, 2.0, 3.0, 4.0)],
 }
 
 

@@ -3,12 +3,12 @@ from tgs_runtime.commands.status import rhythm_words
 
 
 def test_a_rhythm_is_said_not_idle_only_where_tgsd_takes_it_so():
-    """Production on its host up to its rhythm is not idle up to 4 s of it (host spells of
-    up to 2 s every iteration); a longer one is idle in each spell, and saying "not idle"
+    """Production on its host up to its rhythm is not idle up to 8 s of it (host spells of
+    up to 4 s every iteration); a longer one is idle in each spell, and saying "not idle"
     there told the operator the opposite of what tgsd does."""
     assert rhythm_words(0.4) is None  # within the idle rule's half second: nothing to say
     assert rhythm_words(1.1) == "on its host up to 1.10 s between its bursts (its rhythm): not idle within it"
-    assert rhythm_words(3.9).endswith("not idle within it")
-    longer = rhythm_words(5.0)
-    assert longer.startswith("on its host up to 5.00 s") and "idle in each spell" in longer, longer
+    assert rhythm_words(7.9).endswith("not idle within it")
+    longer = rhythm_words(9.0)
+    assert longer.startswith("on its host up to 9.00 s") and "idle in each spell" in longer, longer
     assert "not idle" not in longer, longer

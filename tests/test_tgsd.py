@@ -810,14 +810,14 @@ def test_production_s_own_pauses_are_not_taken_for_a_change_of_its_load(simgpu, 
     assert near >= 8, f"production's progress against its figure: {readings}"
 
 
-@pytest.mark.parametrize("host_s", [0.55, 1.0])
+@pytest.mark.parametrize("host_s", [0.55, 1.0, 3.0])
 def test_production_on_its_host_every_iteration_is_not_profiled_at_each_return(simgpu, tgsd, libshim, host_s):
-    """A production job of 50 ms of kernels and 0.55 or 1 s on its host every iteration (a
+    """A production job of 50 ms of kernels and 0.55, 1 or 3 s on its host every iteration (a
     slow data loader) beside a GPU-bound opportunistic one. Once its shim has gone idle
     three times, it expects those spells, tgsd reads the expectation, and production on
     its host is not idle: its returns are no longer profiled, and the opportunistic job has
     the time between its bursts (a job of 1 s spells is timed in a window that grows to
-    hold two of its iterations). Before, every spell was taken as idle and every return
+    hold two of its iterations; of 3 s spells, 15 s). Before, every spell was taken as idle and every return
     profiled (a GPU-bound job beside 0.2 s of kernels and 0.6 s on the host had 0.40 of the
     idle time on simgpu, beside 0.2 s and 1 s 0.63); and until 2026-11-29 the shim
     expected nothing before eight spells, whose returns were profiled."""

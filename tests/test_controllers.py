@@ -230,8 +230,9 @@ def test_production_on_its_host_every_iteration_is_not_taken_for_idle(busy_s, ho
     hold them). Taken as idle after half a second, each of its returns was profiled:
     opportunistic work was paused for 45.0, 37.5, 30.0 and 14.5 s of the 60 (and with 3
     and 4 s on the host, until the rhythm honoured went from 4 s to 8 s, 10.8 and 7.5 s).
-    What holds it back now is the periodic profile, which lasts two of its iterations
-    where they take longer than a second."""
+    What holds it back now is the periodic profile, which lasts about one of its
+    iterations where they take longer than a second (it waits until production is due
+    back from its host)."""
     r = settled(harm=0.0, rhythm=Rhythm(busy_s, host_s))
     held = [b.why for b in (r.run(DT) for _ in range(round(60 / DT))) if b.rate != UNLIMITED]
     profile_s = max(2.0, 2 * (busy_s + host_s) + 0.3)

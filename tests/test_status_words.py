@@ -12,3 +12,11 @@ def test_a_rhythm_is_said_not_idle_only_where_tgsd_takes_it_so():
     longer = rhythm_words(9.0)
     assert longer.startswith("on its host up to 9.00 s") and "idle in each spell" in longer, longer
     assert "not idle" not in longer, longer
+
+
+def test_under_the_tgs_paper_controller_a_rhythm_is_not_said_to_be_idle_or_not():
+    """The `tgs-paper` controller judges no idle spell: saying "not idle within it" there
+    told the operator of a rule that controller does not have."""
+    words = rhythm_words(1.1, "tgs-paper")
+    assert words == "on its host up to 1.10 s between its bursts (its rhythm); the tgs-paper controller does not read it"
+    assert "idle" not in rhythm_words(9.0, "tgs-paper")

@@ -7,6 +7,7 @@ from pathlib import Path
 import click
 
 from tgs_runtime import config as configmod, proto
+from tgs_runtime.config import Controller
 from tgs_runtime.admin import AdminClient, DaemonUnavailable, Refused
 from tgs_runtime.daemon.controllers import FastController
 from tgs_runtime.units import format_size
@@ -22,13 +23,18 @@ def _waited(c: dict) -> str:
         {cause: c.get(proto.wait_key(cause), 0) for cause in proto.WAIT_CAUSES}, "s", ".1f")
 
 
-def rhythm_words(rhythm_s: float) -> str | None:
+def rhythm_words(rhythm_s: float, controller: str = Controller.FAST.value) -> str | None:
     """A production container's rhythm (the longest idle spell its processes expect), in
     words, where it is longer than the idle rule's half second: within it production is on
-    its host, not idle, up to FastController.RHYTHM_MAX_S; beyond, each spell is idle."""
+    its host, not idle, up to FastController.RHYTHM_MAX_S; beyond, each spell is idle. The
+    `tgs-paper` controller judges no idle spell (its samples are 5 s), so of it nothing
+    is said of idleness."""
     if rhythm_s <= FastController.IDLE_S:
         return None
-    said = f"on its host up to {rhythm_s:.2f} s between its bursts (its rhythm): "
+    said = f"on its host up to {rhythm_s:.2f} s between its bursts (its rhythm)"
+    if controller != Controller.FAST.value:
+        return said + f"; the {controller} controller does not read it"
+    said += ": "
     if rhythm_s <= FastController.RHYTHM_MAX_S:
         return said + "not idle within it"
     return said + (f"longer than tgsd's {FastController.RHYTHM_MAX_S:g} s, so idle in each spell, and each return "
@@ -88,7 +94,7 @@ def status_cmd(as_json: bool, config_path: Path | None, state_dir: Path | None) 
             if c["class"] == "opportunistic":
                 click.echo("    " + _waited(c))
             else:
-                rhythm = rhythm_words(c.get("rhythm_s") or 0.0)
+                rhythm = rhythm_words(c.get("rhythm_s") or 0.0, d["controller"])
                 if rhythm:
                     click.echo("    " + rhythm)
                 if c.get("paused_s"):

@@ -229,7 +229,7 @@ def test_production_on_its_host_every_iteration_is_not_taken_for_idle(busy_s, ho
     idle; its progress is timed over two of its iterations (in a window that grows to
     hold them). Taken as idle after half a second, each of its returns was profiled:
     opportunistic work was paused for 45.0, 37.5, 30.0 and 14.5 s of the 60 (and with 3
-    and 4 s on the host, until the rhythm honoured went from 4 s to 8 s, 10.8 and 7.5 s).
+    and 4 s on the host, until the rhythm honoured went from 4 s to 8.5 s, 10.8 and 7.5 s).
     What holds it back now is the periodic profile, which lasts about one of its
     iterations where they take longer than a second (it waits until production is due
     back from its host)."""
@@ -246,7 +246,7 @@ def test_a_profile_of_long_iterations_ends_once_two_of_their_starts_time_it(busy
     pauses opportunistic work until two of its iteration starts since the profile settled
     time its progress, and reads it exactly. Every profile lasted two of its iterations
     however soon they came: 4.3, 3.5 and 4.9 s each, where these end 1.5-4.2 s in. (With
-    3.5 s on its host, until the rhythm honoured went from 4 s to 8 s, each return was
+    3.5 s on its host, until the rhythm honoured went from 4 s to 8.5 s, each return was
     profiled in a window too short to hold two starts.)"""
     r = settled(harm=0.0, rhythm=Rhythm(busy_s, host_s))
     truth = Rhythm(busy_s, host_s).progress(r.solo)
@@ -275,7 +275,7 @@ def test_a_periodic_profile_of_a_long_rhythm_starts_as_production_is_due_back(bu
     is the first of the two iteration starts that time it, and it pauses opportunistic
     work for about one iteration. Started at any moment, it lasted one to two (2.7-4.3 s
     for 0.1 s on the GPU and 2 s on the host); and with 3 and 4 s on the host, before the
-    rhythm honoured went from 4 s to 8 s, every return was profiled instead."""
+    rhythm honoured went from 4 s to 8.5 s, every return was profiled instead."""
     r = settled(harm=0.0, rhythm=Rhythm(busy_s, host_s))
     began, lengths, whys = None, [], set()
     for _ in range(round(300 / DT)):

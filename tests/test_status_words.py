@@ -3,7 +3,7 @@ from tgs_runtime.commands.status import rhythm_words
 
 
 def test_a_rhythm_is_said_not_idle_only_where_tgsd_takes_it_so():
-    """Production on its host up to its rhythm is not idle up to 8 s of it (host spells of
+    """Production on its host up to its rhythm is not idle up to 8.5 s of it (host spells of
     up to 4 s every iteration); a longer one is idle in each spell, and saying "not idle"
     there told the operator the opposite of what tgsd does."""
     assert rhythm_words(0.4) is None  # within the idle rule's half second: nothing to say

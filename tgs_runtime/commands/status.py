@@ -51,7 +51,7 @@ def status_cmd(as_json: bool, config_path: Path | None, state_dir: Path | None) 
     what each opportunistic container has waited for (behind production, at the in-flight
     bound, anticipating production, for tokens), and how long each production container
     paused on its own (left out of its progress) or spends on its host between bursts
-    (its rhythm, where longer than the idle rule's half second; up to 8 s, not idle
+    (its rhythm, where longer than the idle rule's half second; up to 8.5 s, not idle
     within it)."""
     try:
         if state_dir is None:

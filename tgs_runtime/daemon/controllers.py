@@ -31,7 +31,7 @@ take turns at it (`take_turns`). Pure logic: no clocks, no I/O.
   for harm (the isolation bench's 75 % duty lost a fifth of its idle time to
   that). Production's own load growing (P above S by 10 % for half a second) or falling
   (cuts that do not bring P back) triggers a new profile, unless the shims tell (below). Production launching nothing for
-  half a second (or, where its shims expect longer spells every iteration, up to 8 s:
+  half a second (or, where its shims expect longer spells every iteration, up to 8.5 s:
   its rhythm, `_idle_after`) lifts the limit at once and brings back the configured in-flight bound
   (and ends a profile under way, which measured nothing), and its return is profiled (it
   may be a new job);
@@ -79,7 +79,7 @@ take turns at it (`take_turns`). Pure logic: no clocks, no I/O.
   every 0.5 s on windows of up to 3 s: it reacts in seconds. A job of long iterations
   (over half a second) is judged on two of them, and profiled until two of its
   iteration starts time it (`_profiled_enough`); where its rhythm is over 1.5 s (more than 0.75 s on its host
-  every iteration), the window grows to 10 s, or 2.5 rhythms (20 s at most), to hold
+  every iteration), the window grows to 10 s, or 2.5 rhythms (about 21 s at most), to hold
   them (`_span`), and its periodic profile waits until it is due back from its host
   (`_about_to_return`, for up to a window), to last one of its iterations.
 - `tgs-paper` reproduces the original TGS code's controller for comparison: 5 s samples,
@@ -389,7 +389,9 @@ class FastController:
     FAR_BELOW = 4      # tolerances: a fall deeper than this is more than waiting behind a kernel explains
     CHECK_PART = 0.1   # cuts down to this part of opportunistic work's rate leave production below: check S
     IDLE_S = 0.5       # production launched nothing this long: it is idle, opportunistic takes all ...
-    RHYTHM_MAX_S = 8.0  # ... or, within its rhythm up to this (`_idle_after`), that long
+    RHYTHM_MAX_S = 8.5  # ... or, within its rhythm up to this (`_idle_after`), that long: host spells of up
+                        # to 4 s (a spell is timed from its process found idle to its next launch, a
+                        # little over its host time: a job sleeping 4 s read a rhythm just over 8 s)
     LONG_WINDOW_S = 10.0  # the window while a rhythm over half WINDOW_S stands in it (`_span`) ...
     WINDOW_RHYTHMS = 2.5  # ... or this many times the rhythm, where longer
     TURNOVER_S = 1.0   # a production process started or ended: its load is judged this long after
@@ -857,9 +859,9 @@ class FastController:
         it each spell is idle and each return profiled: a profile of under a second every
         iteration costs such a job's opportunistic work little (0.85-0.90 of what is
         allowed with 6 s on the host, in the controller rig), and the window would grow
-        past 20 s. (In the rig, beside 0.1-0.4 s of kernels, opportunistic work had 0.775
+        past 21 s. (In the rig, beside 0.1-0.4 s of kernels, opportunistic work had 0.775
         and 0.828 of what is allowed with 3 and 4 s on the host while the bound was 4 s,
-        0.937 and 0.921 with it 8 s.)"""
+        0.937 and 0.921 with it 8.5 s.)"""
         rhythm = s.production_rhythm_s
         return rhythm if rhythm <= self.RHYTHM_MAX_S else 0.0
 
@@ -874,7 +876,7 @@ class FastController:
         """The window's span: WINDOW_S, or while a rhythm honoured (`_rhythm`) and longer
         than half WINDOW_S stands in it or in `s` (host spells over 0.75 s every
         iteration), LONG_WINDOW_S or WINDOW_RHYTHMS times the latest such rhythm, whichever
-        is longer (up to 20 s for 4 s on the host). Two iterations of such a job (a second
+        is longer (20 s for 4 s on the host, about 21 s at most). Two iterations of such a job (a second
         on its host and 0.2 s on the GPU: 2.4 s; 2 s and 2 s: 8 s; 4 s and up to 6 s on the
         GPU: 20 s) time its progress, and WINDOW_S is too short to hold them with the idle
         spell its rhythm allows: each of its returns was taken for one from idle and

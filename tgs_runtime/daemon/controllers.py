@@ -259,6 +259,11 @@ class Window:
     def rates(self, since: float = float("-inf")) -> tuple[float, float, float]:
         """(production blocks/s, opportunistic blocks/s, seconds covered) after `since`
         (the whole window by default)."""
+        return self.measure(since)[:3]
+
+    def measure(self, since: float = float("-inf")) -> tuple[float, float, float, float | None]:
+        """`rates`, and production's blocks/s timed from iteration start to iteration start
+        (None where the stretch is counted: `_timed`), from one walk over the window."""
         if since == float("-inf"):
             dt, p, o = self.whole.dt, self.whole.production, self.whole.opportunistic
         else:
@@ -268,9 +273,9 @@ class Window:
                 p += s.production_blocks
                 o += s.opportunistic_blocks
         if dt <= 1e-9:  # (none: the whole's sum may keep a rounding's trace)
-            return 0.0, 0.0, 0.0
+            return 0.0, 0.0, 0.0, None
         timed = self._timed(since, dt)
-        return (p / dt if timed is None else timed), o / dt, dt
+        return (p / dt if timed is None else timed), o / dt, dt, timed
 
     def timed_rate(self, since: float) -> float | None:
         """Production's blocks/s after `since`, timed from iteration start to iteration start;
@@ -606,7 +611,7 @@ class FastController:
         self.follow_at = t + self.FOLLOW_S
         return f"{'rising' if sign > 0 else 'falling'}, measured again in {self.FOLLOW_S:g} s"
 
-    def _fading(self, t: float, since: float, covered: float) -> str | None:
+    def _fading(self, t: float, since: float, covered: float, whole: float | None) -> str | None:
         """Why the profile ending now goes on for another profile_s; None where it does not.
         Production alone was still coming back from opportunistic work through it: its
         second half's progress above the whole profile's by more than the tolerance (work
@@ -620,10 +625,11 @@ class FastController:
         part of a PyTorch job's few a second. In the controller rig (bench/rig.py), with
         work hurting production 0.6 s late, the cases whose production averaged under 0.94
         of its solo progress went from 12 to 3 of the 135 at that lag (the periodic profile
-        after a rise of 30 % hidden by harm read 60,000 blocks/s for 65,000)."""
+        after a rise of 30 % hidden by harm read 60,000 blocks/s for 65,000). `whole`: the
+        profile's timed progress (`Window.measure`)."""
         if self.profile_first is not None or covered <= 0:
             return None
-        whole, late = self.window.timed_rate(since), self.window.timed_rate(t - covered / 2)
+        late = self.window.timed_rate(t - covered / 2)
         if whole is None or late is None or late <= (1 + self.cfg.tolerance) * whole:
             return None
         return (f"production alone at {late:,.0f} blocks/s over the profile's second half, {late / whole - 1:.1%} above "
@@ -906,10 +912,11 @@ class FastController:
         taken as a new load)."""
         return min(self.window.span, 2 * self.window.iteration_s())
 
-    def _profiled_enough(self, t: float, elapsed: float, since: float) -> bool:
+    def _profiled_enough(self, t: float, elapsed: float, since: float, timed: float | None) -> bool:
         """Whether the profile under way, `elapsed` seconds long at `t`, has measured
         production alone since it settled (`since`): profile_s has passed, and production's
-        iteration starts since then time its progress (`Window`: two of each container's),
+        iteration starts since then time its progress (`timed`, `Window.measure`: two of
+        each container's),
         or, where they do not, two of its latest iterations have passed since then
         (`_two_iterations_s`; counted from the profile's start, that came a control period
         short: a job of 1.7 s iterations, its second start due just then, was read over
@@ -924,7 +931,7 @@ class FastController:
         lag it reads.)"""
         if elapsed <= self.cfg.profile_s + 1e-9:
             return False
-        return self.window.timed_rate(since) is not None or t - since >= self._two_iterations_s() - 1e-9
+        return timed is not None or t - since >= self._two_iterations_s() - 1e-9
 
     def _held(self, t: float, o: float, long_o: float, rhythm: float) -> None:
         """Production holds: the rate ramps back (or goes where it is unused), else the in-flight
@@ -972,7 +979,7 @@ class FastController:
         self.window.add(s)
         t = s.t
         since = self.changed_at + self.SETTLE_S
-        p, o, covered = self.window.rates(since)
+        p, o, covered, timed = self.window.measure(since)
         if not (s.production and s.opportunistic):
             self._afresh()  # no pair: what the last one found is not the next one's
         if not s.production:
@@ -1069,8 +1076,8 @@ class FastController:
             return self._budget()
         if self.phase == Phase.PROFILE:
             elapsed = t - self.profile_from + s.dt
-            if self._profiled_enough(t, elapsed, since):
-                fading = self._fading(t, since, covered)
+            if self._profiled_enough(t, elapsed, since, timed):
+                fading = self._fading(t, since, covered, timed)
                 if fading:
                     self.profile_first = p
                     self.profile_from = t

@@ -994,6 +994,59 @@ def test_a_window_s_whole_figures_are_those_of_the_samples_it_holds():
         assert abs(seen.overlap_s - sum(x.overlap.overlap_s for x in held)) < 1e-9
 
 
+def test_a_window_measured_every_period_reads_what_a_walk_over_its_samples_reads():
+    """A control step measures the same stretch every period (production since its last
+    change) and the window keeps its sums and its iteration starts to add each period's
+    on (a walk over up to 2,100 samples every 10 ms was most of a step's work); what it
+    reads stays exactly what a walk over the samples from the stretch's start reads, as
+    the stretch starts anew, is older than the window, or lies ahead of its samples, as
+    samples leave it and its span changes, for two production jobs (one of 50 iterations a
+    second) whose iteration starts are read after the period's time was taken, as tgsd
+    reads them."""
+    rnd = random.Random(11)
+    w = Window(3.0)
+    since, t, blocks, marks = 0.0, 0.0, {"a": 0, "b": 0}, {}
+    for i in range(1, 4000):
+        dt = rnd.uniform(0.008, 0.012)
+        t += dt
+        if i % 700 == 0:
+            w.span = 10.0 if w.span == 3.0 else 3.0
+        if rnd.random() < 0.01:  # a change: measured from SETTLE_S after it, or from long before
+            since = t + 0.5 if rnd.random() < 0.7 else t - 20.0
+        new = 0
+        for job, every in (("a", 0.7), ("b", 0.02)):
+            if rnd.random() < dt / every:  # an iteration starts, read just after the period's time
+                marks[job] = Mark(job, t + rnd.uniform(0.0, 0.007), blocks[job], rnd.random() * 0.01 * i * dt)
+            launched = rnd.randrange(0, 400)
+            blocks[job] += launched
+            new += launched
+        w.add(Sample(t, dt, new, rnd.randrange(0, 900), True, True, tuple(marks.values()) if len(marks) == 2 else (),
+                     overlap=Overlap(rnd.random() * dt, rnd.random() * dt, rnd.random() * dt / 5, dt)))
+        kept = w.measure(since)
+        if i % 37 == 0:
+            fresh = Window(w.span)
+            for s in w.items:
+                fresh.add(s)
+            assert kept == fresh.measure(since), f"at {t:.2f} s, since {since:.2f} s"
+            assert w.overlap(since) == fresh.overlap(since)
+
+
+def test_a_window_times_from_an_iteration_start_read_in_the_period_before_the_stretch():
+    """tgsd reads production's iteration starts after it has taken the period's time, so a
+    start may come after the time of the first sample to carry it: a stretch that begins
+    between the two is timed from that start. Here a job of 100 iterations a second, of
+    100 and 300 blocks in turn, read 5 ms into each 10 ms period: from 0.202 s, 7,900
+    blocks over 0.39 s from the start at 0.205 s (first carried by the period ending at
+    0.2 s); from the start after it, 7,600 over 0.38 s."""
+    w = Window(3.0)
+    blocks = [0]
+    for i in range(1, 60):
+        w.add(Sample(i * 0.01, 0.01, 200, 0, True, True, (Mark("p", i * 0.01 + 0.005, blocks[-1]),)))
+        blocks.append(blocks[-1] + (100 if i % 2 else 300))
+    timed = w.measure(0.202)[3]
+    assert blocks[58] - blocks[19] == 7_900
+    assert timed is not None and abs(timed - 7_900 / 0.39) < 1e-6, timed
+
 def test_iteration_noise_within_the_tolerance_is_not_taken_for_harm():
     for seed in range(5):
         r = Iterations(fast(), shared=0.98, seed=seed)

@@ -89,11 +89,13 @@ take turns at it (`take_turns`). Pure logic: no clocks, no I/O.
 """
 from __future__ import annotations
 
+import bisect
 import collections
 import enum
 import itertools
 import math
 from dataclasses import dataclass, field
+from typing import Iterator
 
 from tgs_runtime.config import ControlConfig, Controller, Share
 from tgs_runtime.daemon.inflight import InflightBound, Move
@@ -220,6 +222,32 @@ class Sums:
         self.overlap_s += sign * s.overlap.overlap_s
 
 
+@dataclass
+class Stretch:
+    """The samples of a window from the first whose period began at or after `since`:
+    seconds covered and blocks launched, summed (`Window.measure`). Samples added since are
+    added on in turn, so the sums stay those of a walk over the stretch from its start
+    (the controller's boundaries have no tolerance, and sums taken in another order move
+    them), until its first sample leaves the window."""
+    since: float
+    first: int  # the number of its first sample (`Window.dropped` counts them) ...
+    end: int    # ... and of the sample after the last summed
+    dt: float = 0.0
+    production: float = 0.0
+    opportunistic: float = 0.0
+
+
+@dataclass
+class Starts:
+    """A container's iteration starts at or after `since`, as `Window._marks` found them
+    walking the samples from number `first` to `end`: samples added since are walked on
+    from there, until the first leaves the window."""
+    since: float
+    first: int
+    end: int
+    marks: list[Mark] = field(default_factory=list)
+
+
 class Window:
     """The samples of the last `span` seconds. Production's progress over a stretch is
     timed from iteration start to iteration start when the shims mark them: each
@@ -245,16 +273,49 @@ class Window:
         # all of `items` summed as they come and go: the whole window's figures, which
         # tgsd's status shows every control period, without a walk over up to 1,000 samples
         self.whole = Sums()
+        self.dropped = 0  # the samples that have left the window: items[i] is sample dropped + i
+        # the latest stretch summed: a control step sums the same one (since its last change)
+        # every period, and a walk over it was most of a step's work at a 10 ms period (up to
+        # 2,100 samples in a 21 s window)
+        self.stretch: Stretch | None = None
+        self.starts: dict[str, Starts] = {}  # ... and the latest iteration starts found, by container
 
     def add(self, s: Sample) -> None:
         self.items.append(s)
         self.whole.add(s)
         while self.items and self.items[0].t <= s.t - self.span:
             self.whole.add(self.items.popleft(), -1)
+            self.dropped += 1
 
-    def _after(self, since: float) -> list[Sample]:
+    def _first(self, since: float) -> int:
+        """The index of the first sample whose period began at or after `since` (len(items):
+        none). Samples come in time order, each period after the one before."""
+        return bisect.bisect_left(self.items, since - 1e-9, key=lambda s: s.t - s.dt)
+
+    def _after(self, since: float) -> Iterator[Sample]:
         """The samples whose period began at or after `since`."""
-        return [s for s in self.items if s.t - s.dt >= since - 1e-9]
+        return itertools.islice(self.items, self._first(since), None)
+
+    def _walk_on(self, run: Stretch | Starts) -> Iterator[Sample]:
+        """The samples `run` has not walked yet (all from its first, where it is new); it
+        walks them now."""
+        start, run.end = run.end - self.dropped, self.dropped + len(self.items)
+        return itertools.islice(self.items, start, None)
+
+    def _stretch(self, since: float) -> Stretch:
+        """The samples whose period began at or after `since`, summed in turn: the latest
+        stretch with those added since, where it is the same."""
+        first = self.dropped + self._first(since)
+        run = self.stretch
+        if run is None or run.since != since or run.first != first:
+            run = self.stretch = Stretch(since, first, first)
+        dt, p, o = run.dt, run.production, run.opportunistic
+        for s in self._walk_on(run):
+            dt += s.dt
+            p += s.production_blocks
+            o += s.opportunistic_blocks
+        run.dt, run.production, run.opportunistic = dt, p, o
+        return run
 
     def rates(self, since: float = float("-inf")) -> tuple[float, float, float]:
         """(production blocks/s, opportunistic blocks/s, seconds covered) after `since`
@@ -263,15 +324,12 @@ class Window:
 
     def measure(self, since: float = float("-inf")) -> tuple[float, float, float, float | None]:
         """`rates`, and production's blocks/s timed from iteration start to iteration start
-        (None where the stretch is counted: `_timed`), from one walk over the window."""
+        (None where the stretch is counted: `_timed`)."""
         if since == float("-inf"):
             dt, p, o = self.whole.dt, self.whole.production, self.whole.opportunistic
         else:
-            dt = p = o = 0.0
-            for s in self._after(since):
-                dt += s.dt
-                p += s.production_blocks
-                o += s.opportunistic_blocks
+            run = self._stretch(since)
+            dt, p, o = run.dt, run.production, run.opportunistic
         if dt <= 1e-9:  # (none: the whole's sum may keep a rounding's trace)
             return 0.0, 0.0, 0.0, None
         timed = self._timed(since, dt)
@@ -280,7 +338,7 @@ class Window:
     def timed_rate(self, since: float) -> float | None:
         """Production's blocks/s after `since`, timed from iteration start to iteration start;
         None where the stretch is counted instead (`_timed`)."""
-        covered = sum(s.dt for s in self._after(since))
+        covered = self._stretch(since).dt
         return self._timed(since, covered) if covered > 0 else None
 
     def overlap(self, since: float = float("-inf")) -> Overlap:
@@ -289,21 +347,29 @@ class Window:
         if since == float("-inf"):
             w = self.whole
             return Overlap(w.busy_s, w.gated_s, w.overlap_s, w.dt)
-        seen = self._after(since)
+        seen = list(self._after(since))
         return Overlap(sum(s.overlap.busy_s for s in seen), sum(s.overlap.gated_s for s in seen),
                        sum(s.overlap.overlap_s for s in seen), sum(s.dt for s in seen))
 
     def _marks(self, source: str, since: float) -> list[Mark]:
         """A container's iteration starts at or after `since`, each once (every sample
-        carries the latest)."""
-        marks: list[Mark] = []
-        last = since - 1e-9  # (a start before it is left out, one not after the last taken too)
-        for s in self.items:
+        carries the latest): those found at the last call for the same `since`, and those of
+        the samples added since (`Starts`). A start is read in the control step after its
+        sample's time was taken, so the first sample to carry one at or after `since` is at
+        the latest the one before the first whose time is: the walk starts there."""
+        first = self.dropped + max(0, bisect.bisect_left(self.items, since - 1e-9, key=lambda s: s.t) - 1)
+        run = self.starts.get(source)
+        if run is None or run.since != since or run.first != first:
+            run = Starts(since, first, first)
+            self.starts = {k: v for k, v in self.starts.items() if v.since == since} | {source: run}
+        marks = run.marks
+        last = marks[-1].t if marks else since - 1e-9  # (a start before it is left out, one not after the last taken too)
+        for s in self._walk_on(run):
             for m in s.marks:
                 if m.t >= last and m.source == source and (not marks or m.t > last):
                     marks.append(m)
                     last = m.t
-        return marks
+        return list(marks)
 
     @staticmethod
     def _longest(marks: list[Mark]) -> float:

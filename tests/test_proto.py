@@ -120,6 +120,21 @@ def test_tgsd_tells_a_production_process_that_used_the_gpu_from_its_byte_or_its_
     act.close()
 
 
+
+def test_tgsd_finds_the_production_processes_busy_on_a_gpu(tmp_path):
+    """The slots whose byte is set, any of 256 (tgsd asks every control period while
+    production launches nothing: whether it holds the GPU busy anyway)."""
+    from tgs_runtime.control import ActivityFile
+
+    act = ActivityFile.create(tmp_path / "activity")
+    assert act.busy_slots() == []
+    act.view.busy[0] = act.view.busy[3] = 1
+    act.view.busy[proto.ACTIVITY_SLOTS - 1] = 7
+    assert act.busy_slots() == [0, 3, proto.ACTIVITY_SLOTS - 1]
+    act.clear(3)
+    assert act.busy_slots() == [0, proto.ACTIVITY_SLOTS - 1]
+    act.close()
+
 def test_a_dead_production_process_leaves_neither_its_byte_nor_its_expectation(tmp_path):
     from tgs_runtime.control import ActivityFile
 

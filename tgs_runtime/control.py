@@ -218,7 +218,8 @@ class ActivityFile(_Mapped):
         return af
 
     def busy_slots(self) -> list[int]:
-        return [i for i, b in enumerate(self.view.busy) if b]
+        busy = bytes(self.view.busy)  # (a copy at once: a ctypes array read byte by byte is slow)
+        return [i for i, b in enumerate(busy) if b] if busy.strip(b"\0") else []
 
     def clear(self, slot: int, in_use: Iterable[int] = ()) -> None:
         """A process that ended or died: not busy, and nothing expected of it (nor anything

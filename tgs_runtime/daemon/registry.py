@@ -8,7 +8,7 @@ import enum
 import json
 import os
 import time
-from dataclasses import astuple, dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 
 from tgs_runtime import proto
@@ -35,8 +35,13 @@ class Tally:
 
     def since(self, earlier: Tally) -> Tally:
         """What was added since `earlier` (a counter that went back, as after a reset,
-        counts nothing)."""
-        return Tally(*(max(0, a - b) for a, b in zip(astuple(self), astuple(earlier))))
+        counts nothing). Field by field, not by `dataclasses.astuple`, which deep-copies: this
+        runs for every container on every GPU every control period (a fifth of tgsd's CPU at
+        10 ms)."""
+        return Tally(*(max(0, getattr(self, f) - getattr(earlier, f)) for f in TALLY_FIELDS))
+
+
+TALLY_FIELDS = tuple(f.name for f in fields(Tally))
 
 
 class Phase(str, enum.Enum):

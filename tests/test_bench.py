@@ -6,6 +6,7 @@ from __future__ import annotations
 import importlib
 import inspect
 import json
+import re
 import subprocess
 import sys
 import time
@@ -13,11 +14,13 @@ from pathlib import Path
 
 import pytest
 
+from bench import rig
 from bench.common import Outputs
 from bench.dynamics import lowest_by_bound, settle
 from bench.lab import ControllerTrace, Job, Lab, opportunistic, production
 from tgs_runtime import proto, sim
 from tgs_runtime.commands.bench import BENCHMARKS
+from tgs_runtime.paths import REPO_ROOT
 from tgs_runtime.workload import Report, Workload
 
 
@@ -126,6 +129,13 @@ def test_the_rig_benchmark_follows_the_controller_through_moving_loads_and_write
     assert "| waves" in md and "worst 10 s window" in md
     assert any("rig.json" in line for line in said)
 
+
+
+def test_the_rig_s_production_expects_its_idle_spells_when_its_shim_would():
+    """The rig models production's shim (`bench/rig.py`): a job in its rhythm has its
+    spells expected once it has come back from as many as libtgs.so waits for."""
+    defined = re.search(r"^#define TGS_GAPS_TO_EXPECT (\d+)", (REPO_ROOT / "libshim/src/tgs.h").read_text(), re.M)
+    assert defined and int(defined.group(1)) == rig.GAPS_TO_EXPECT
 
 def test_the_suite_interrupts_a_benchmark_past_its_time_and_reports_failures(tmp_path):
     from bench.suite import run_step

@@ -291,6 +291,28 @@ def test_a_periodic_profile_of_a_long_rhythm_starts_as_production_is_due_back(bu
     assert max(lengths) <= most + 1e-9, f"profiles of {lengths} s, {busy_s + host_s} s iterations"
 
 
+@pytest.mark.parametrize("busy_s, host_s, after_s", [(0.2, 3.0, 0.3), (0.4, 4.0, 0.6), (0.2, 3.0, 0.14)])
+def test_a_follow_up_of_a_long_rhythm_waits_until_production_is_due_back(busy_s, host_s, after_s):
+    """A job on its host 3-4 s every iteration whose bursts grow or shrink by a third to a
+    half, beside work that costs it 10 % at full rate: the profile that measures its new
+    load is followed up (measured again once it settles), and the follow-up, as the
+    periodic profile, waits until production is due back from its host. It lasts about
+    one iteration (started at any moment: 4.4-9.0 s, up to two)."""
+    r = settled(harm=0.1, rhythm=Rhythm(busy_s, host_s))
+    r.run(30)
+    r.rhythm = Rhythm(after_s, host_s)
+    began, follow_ups = None, []
+    for _ in range(round(60 / DT)):
+        b = r.run(DT)
+        if b.state == "profile" and began is None:
+            began, why = r.t, b.why
+        elif b.state != "profile" and began is not None:
+            if why.startswith("the solo figure was taken while production's load moved"):
+                follow_ups.append(round(r.t - began, 2))
+            began = None
+    most = after_s + host_s + FastController.SETTLE_S + FastController.DECIDE_S + 3 * DT
+    assert follow_ups and max(follow_ups) <= most + 1e-9, f"follow-ups of {follow_ups} s, {after_s + host_s} s iterations"
+
 @pytest.mark.parametrize("offset", range(5))
 def test_a_periodic_profile_of_a_long_rhythm_comes_though_it_never_seems_due_back(offset):
     """A job that launches an iteration's work in 0.1 s, runs it 0.4 s more on the GPU and

@@ -268,6 +268,20 @@ def test_a_profile_of_long_iterations_ends_once_two_of_their_starts_time_it(busy
     assert profiles >= 4, profiles
 
 
+def profiles(r: Rig, seconds: float) -> list[tuple[str, float]]:
+    """The profiles the rig's controller makes in the next `seconds`: why each began, and
+    how long it lasted (one still under way at the end is left out)."""
+    began, seen = None, []
+    for _ in range(round(seconds / DT)):
+        b = r.run(DT)
+        if b.state == "profile" and began is None:
+            began, why = r.t, b.why
+        elif b.state != "profile" and began is not None:
+            seen.append((why, round(r.t - began, 2)))
+            began = None
+    return seen
+
+
 @pytest.mark.parametrize("busy_s, host_s", [(0.1, 2.0), (0.2, 1.5), (0.2, 3.0), (0.1, 4.0)])
 def test_a_periodic_profile_of_a_long_rhythm_starts_as_production_is_due_back(busy_s, host_s):
     """Production on its host 1.5-4 s every iteration: its periodic profile waits until it
@@ -277,15 +291,8 @@ def test_a_periodic_profile_of_a_long_rhythm_starts_as_production_is_due_back(bu
     for 0.1 s on the GPU and 2 s on the host); and with 3 and 4 s on the host, before the
     rhythm honoured went from 4 s to 8.5 s, every return was profiled instead."""
     r = settled(harm=0.0, rhythm=Rhythm(busy_s, host_s))
-    began, lengths, whys = None, [], set()
-    for _ in range(round(300 / DT)):
-        b = r.run(DT)
-        if b.state == "profile" and began is None:
-            began = r.t
-            whys.add(b.why.split(":")[0])
-        elif b.state != "profile" and began is not None:
-            lengths.append(round(r.t - began, 2))
-            began = None
+    seen = profiles(r, 300)
+    whys, lengths = {why.split(":")[0] for why, _ in seen}, [length for _, length in seen]
     assert whys == {"periodic"} and len(lengths) >= 4, (whys, lengths)
     most = busy_s + host_s + FastController.SETTLE_S + FastController.DECIDE_S + 3 * DT
     assert max(lengths) <= most + 1e-9, f"profiles of {lengths} s, {busy_s + host_s} s iterations"
@@ -301,15 +308,8 @@ def test_a_follow_up_of_a_long_rhythm_waits_until_production_is_due_back(busy_s,
     r = settled(harm=0.1, rhythm=Rhythm(busy_s, host_s))
     r.run(30)
     r.rhythm = Rhythm(after_s, host_s)
-    began, follow_ups = None, []
-    for _ in range(round(60 / DT)):
-        b = r.run(DT)
-        if b.state == "profile" and began is None:
-            began, why = r.t, b.why
-        elif b.state != "profile" and began is not None:
-            if why.startswith("the solo figure was taken while production's load moved"):
-                follow_ups.append(round(r.t - began, 2))
-            began = None
+    follow_ups = [length for why, length in profiles(r, 60)
+                  if why.startswith("the solo figure was taken while production's load moved")]
     most = after_s + host_s + FastController.SETTLE_S + FastController.DECIDE_S + 3 * DT
     assert follow_ups and max(follow_ups) <= most + 1e-9, f"follow-ups of {follow_ups} s, {after_s + host_s} s iterations"
 

@@ -279,8 +279,10 @@ class Window:
         # 2,100 samples in a 21 s window)
         self.stretch: Stretch | None = None
         self.starts: dict[str, Starts] = {}  # ... and the latest iteration starts found, by container
+        self.quiet: float | None = None  # `quiet_s` of the samples as they stand (None: not walked yet)
 
     def add(self, s: Sample) -> None:
+        self.quiet = None
         self.items.append(s)
         self.whole.add(s)
         while self.items and self.items[0].t <= s.t - self.span:
@@ -421,13 +423,19 @@ class Window:
     def quiet_s(self) -> float:
         """Seconds at the end of the window in which production launched nothing; infinite
         where it launched nothing in any of it (at tgsd's start the window is shorter than
-        the idle spell a decision needs)."""
-        quiet = 0.0
-        for s in reversed(self.items):
-            if s.production_blocks:
-                return quiet
-            quiet += s.dt
-        return math.inf
+        the idle spell a decision needs). Walked back once per sample added: a step asks
+        whether production is idle, and while a long rhythm's profile waits for its return,
+        when it is due back (`FastController._about_to_return`)."""
+        if self.quiet is None:
+            quiet = 0.0
+            for s in reversed(self.items):
+                if s.production_blocks:
+                    break
+                quiet += s.dt
+            else:
+                quiet = math.inf
+            self.quiet = quiet
+        return self.quiet
 
 
 class Phase(str, enum.Enum):

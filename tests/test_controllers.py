@@ -759,6 +759,38 @@ def test_a_rise_of_production_s_own_that_the_harm_it_takes_hides_is_found_by_the
     assert prod >= 0.95 * r.solo, f"production at {prod / r.solo:.3f} of its solo progress"
 
 
+def test_a_rise_under_a_tenth_beside_harm_is_profiled_within_seconds():
+    """Production's own load rises by 30 % over 2 s as opportunistic work, unlimited, starts
+    to cost it 20 %: beside that work it reads 1.10 of its old figure, not above it by the
+    tenth (LOAD_CHANGE) that profiles a rise, and no violation tells. It ran at 0.846 of its
+    new solo progress for 12 s, until the periodic profile. Timed above its figure by more
+    than the tolerance for the confirming window, the figure is checked by a profile."""
+    r = settled(harm=0.1)  # full rate costs production 20 %
+    load_moves(r, 2, 65_000.0)
+    run_until(r, lambda b: b.solo >= 0.97 * 65_000, within_s=5)
+    prod = production_over(r, 10)
+    assert prod >= 0.94 * r.solo, f"production at {prod / r.solo:.3f} of its solo progress"
+
+
+def test_a_figure_its_profiles_read_low_is_checked_once_not_every_few_seconds():
+    """Production alone reads 5 % under its progress beside work that costs it 2 % (its
+    memory coming back over the bus through every profile, say): beside that work it is
+    above its figure by more than the tolerance for good. A profile that checks the figure
+    and finds it where it was is the last such check for that figure; checked every few
+    seconds, opportunistic work would lose a second in each few."""
+    r = Rig(fast(), harm=0.01, marked=True)  # full rate costs production 2 %
+    r.run(2, opportunistic=False)
+    whys = []
+    for _ in range(round(120 / DT)):
+        profiling = r.budget is not None and r.budget.state == "profile"
+        r.solo = 47_500.0 if profiling else 50_000.0
+        b = r.run(DT)
+        if b.state == "profile" and not profiling:
+            whys.append(b.why)
+    checks = [w for w in whys if "checking the figure" in w]
+    assert len(checks) == 1, whys
+
+
 def test_a_rise_that_goes_on_through_the_profile_it_set_off_is_followed():
     """Production's own load rises by half over 8 s beside work costing it up to 20 %. Its
     progress beside that work passes the figure by a tenth 4.3 s in, and the profile that

@@ -313,6 +313,38 @@ def test_a_follow_up_of_a_long_rhythm_waits_until_production_is_due_back(busy_s,
     most = after_s + host_s + FastController.SETTLE_S + FastController.DECIDE_S + 3 * DT
     assert follow_ups and max(follow_ups) <= most + 1e-9, f"follow-ups of {follow_ups} s, {after_s + host_s} s iterations"
 
+@pytest.mark.parametrize("harm", [0.01, 0.1])
+@pytest.mark.parametrize("busy_s, host_s, after_s", [(0.2, 3.0, 0.14), (0.1, 4.0, 0.07)])
+def test_a_long_rhythm_whose_iterations_do_less_work_is_profiled_not_cut(busy_s, host_s, after_s, harm):
+    """A job on its host 3-4 s every iteration whose bursts shrink by 30 % (0.70 of its
+    figure): harm lengthens an iteration, not its work, so iterations doing less are its
+    own load falling, and it is profiled at its first violation. Cut as harm, it was cut
+    twice 6.5-8.4 s apart and profiled 18-25 s after the fall, with opportunistic work at
+    0.37-0.49 of what is allowed over the next 40 s."""
+    r = settled(harm=harm, rhythm=Rhythm(busy_s, host_s))
+    r.run(30)
+    r.rhythm = Rhythm(after_s, host_s)
+    solo = Rhythm(after_s, host_s).progress(r.solo)
+    seen = []
+    b = run_until(r, lambda b: seen.append(b.rate) or abs(b.solo - solo) <= 0.03 * solo, within_s=20)
+    assert min(seen) in (0, UNLIMITED), f"rates {sorted(set(seen))} before the figure was {b.solo:,.0f} for {solo:,.0f}"
+
+
+@pytest.mark.parametrize("after_s", [0.2, 0.19])
+def test_a_long_rhythm_harmed_is_cut_though_its_iterations_are_timed(after_s):
+    """The same job beside work that starts to slow its bursts to a sixth (the harm taking
+    its progress to 0.91 of its figure at the first violation, and lower): its iterations
+    do the work they did, longer, or 5 % less, which does not explain that fall; the
+    violation is harm, and the rate is cut."""
+    r = settled(harm=0.0, rhythm=Rhythm(0.2, 3.0))
+    r.run(30)
+    r.rhythm, began = Rhythm(after_s, 3.0), r.iterations
+    run_until(r, lambda _: r.iterations > began, within_s=5)  # (its next iteration does that work)
+    r.harm = 0.42
+    run_until(r, lambda b: 0 < b.rate < UNLIMITED, within_s=15)
+    assert "its own load fell" not in r.ctl.why
+
+
 @pytest.mark.parametrize("offset", range(5))
 def test_a_periodic_profile_of_a_long_rhythm_comes_though_it_never_seems_due_back(offset):
     """A job that launches an iteration's work in 0.1 s, runs it 0.4 s more on the GPU and

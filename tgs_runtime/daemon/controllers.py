@@ -83,7 +83,10 @@ take turns at it (`take_turns`). Pure logic: no clocks, no I/O.
   iteration starts time it (`_profiled_enough`); where its rhythm is over 1.5 s (more than 0.75 s on its host
   every iteration), the window grows to 10 s, or 2.5 rhythms (about 21 s at most), to hold
   them (`_span`), and its periodic profile waits until it is due back from its host
-  (`_about_to_return`, for up to a window), to last one of its iterations.
+  (`_about_to_return`, for up to a window), to last one of its iterations. There, a first
+  violation whose latest iteration did less work (blocks) than the one the figure was
+  profiled over, by enough to explain the fall, is production's own load falling (harm
+  lengthens an iteration, not its work): profiled at once, not cut (`_less_work`).
 - `tgs-paper` reproduces the original TGS code's controller for comparison: 5 s samples,
   a profile sample with the opportunistic job paused, slow start (x1.5 per sample), then
   additive increase, 8 % decrease when production falls more than 3 % below its solo
@@ -389,6 +392,15 @@ class Window:
         latest = self.items[-1].marks if self.items else ()
         return max((self._longest(self._last_two(m)) for m in latest), default=0.0)
 
+    def iteration_blocks(self) -> int | None:
+        """The blocks of production's latest iteration, between its last two starts, where
+        one container marks them (None where more do, or it has not marked two)."""
+        latest = self.items[-1].marks if self.items else ()
+        if len(latest) != 1:
+            return None
+        marks = self._last_two(latest[0])
+        return marks[1].blocks - marks[0].blocks if len(marks) == 2 else None
+
     def _last_two(self, latest: Mark) -> list[Mark]:
         """A container's last two iteration starts in the window, its `latest` the last."""
         for s in reversed(self.items):
@@ -514,6 +526,8 @@ class FastController:
         self.long_rhythm_at = float("-inf")  # the latest sample of a rhythm that grows the window (`_span`) ...
         self.long_span = self.LONG_WINDOW_S  # ... and the window it grew to
         self.rise_checked = False  # a rise under LOAD_CHANGE was profiled against this figure (`_rose`)
+        # the figure a profile left, and the blocks of production's iterations in it (`_less_work`)
+        self.figure_work: tuple[float, int] | None = None
 
     def _change(self, t: float, why: str, phase: Phase | None = None, rate: int | None = None) -> None:
         if phase is not None:
@@ -736,6 +750,33 @@ class FastController:
             why = f"checked the solo figure: production alone at {p:,.0f} blocks/s; the load {found}"
         self._change(t, why, Phase.RUN)
 
+    def _less_work(self, run: Violations | None, p: float, solo: float) -> float | None:
+        """At the first violation of a run, where production's rhythm grew the window (over
+        0.75 s on its host every iteration: its iteration starts are the returns from its
+        host), the part of the work (blocks) of its iteration in the profile that set the
+        figure that its latest did, where that is less by more than the tolerance and
+        explains its fall from the figure to p within the tolerance; else None. Harm
+        lengthens an iteration, not its work: less work is its own load falling, measured
+        at once (a fall beyond it is harm too, and cut). Cut as harm instead, a job of 0.2 s on the GPU and 3 s on its host
+        whose bursts shrank to 0.14 s (0.71 of its figure) was cut twice, 6.5 s apart (a
+        decision needs two of its iterations), and profiled 18 s after the fall:
+        opportunistic work had 0.37-0.49 of what is allowed over the 40 s after it in the
+        controller rig."""
+        if run is not None or self.window.span <= self.WINDOW_S or self.figure_work is None:
+            return None
+        figure, work = self.figure_work
+        done = self.window.iteration_blocks()
+        if figure != self.solo or done is None:  # (the figure has changed since)
+            return None
+        part, tol = done / work, self.cfg.tolerance
+        return part if part < 1 - tol and p >= (1 - tol) * part * solo else None
+
+    def _note_work(self) -> None:
+        """Keeps the blocks of production's latest iteration, timed in the profile ending
+        now, beside the figure it left (`_less_work`)."""
+        work = self.window.iteration_blocks()
+        self.figure_work = (self.solo, work) if work and self.solo else None
+
     def _far_below(self, p: float, solo: float) -> bool:
         """Production's progress p is further below its solo figure than waiting behind an
         opportunistic kernel explains (FAR_BELOW tolerances): easing the in-flight bound
@@ -825,6 +866,11 @@ class FastController:
             # never had 0.8 of the idle time in that phase)
             not_own = f"under a trial of in-flight bound {self.bound.kernels}"
         run = self.violations
+        less = self._less_work(run, p, solo)
+        if less is not None:
+            self._profile(t, f"{self._of_solo(p)}, its iterations doing {less:.0%} of the work of those its figure "
+                          f"was profiled over: its own load fell", purpose=Purpose.FOLLOW, way=-1)
+            return
         if (run is None or run.cuts == 0) and not_own is None:
             # production fell with next to no opportunistic work beside it: its own
             # load changed (two jobs' bursts fell together; a PyTorch job's warm-up,
@@ -1188,6 +1234,7 @@ class FastController:
                     p = max(p, self.profile_first)
                 if self.purpose is Purpose.CHECK and s.opportunistic:
                     self._checked(t, p, covered)
+                    self._note_work()
                     return self._budget()
                 found, rate = "", self.rate_good
                 if covered > 0:
@@ -1209,6 +1256,7 @@ class FastController:
                         found = f"; the load {self._followed(t, p, tol, 1)}"
                     else:
                         self._profiled(p)
+                self._note_work()
                 self.purpose = Purpose.MEASURE
                 self.violations = None
                 self.drift_since = None

@@ -852,6 +852,28 @@ def test_production_on_its_host_every_iteration_is_not_profiled_at_each_return(s
     assert shared["opp"] / 6 >= 0.7 * idle, f"the job had {shared['opp'] / 6:.3f} of the engine, {idle:.3f} idle"
 
 
+def test_a_long_rhythm_whose_own_load_falls_is_profiled_not_cut(simgpu, tgsd, libshim):
+    """A production job of 20 kernels of 10 ms and 3 s on its host every iteration whose
+    iterations drop to 14 kernels 24 s in (its own load falling by 30 %, in the same
+    process: no idle moment, no process starting or ending) beside a GPU-bound
+    opportunistic job. Its shim marks each iteration's start with the blocks launched
+    before it: its iterations do less work, so tgsd takes the fall for its own at the
+    first violation and profiles it. Cut as harm, the fall was cut twice, 6.5 s apart,
+    and profiled only after two cuts brought nothing back (in the controller rig)."""
+    d = tgsd()
+    prod, opp = d.register("production"), d.register("opportunistic")
+    seconds = 40
+    job = Workload(kernel_us=10_000, kernels=20, gap_us=3_000_000, seconds=seconds, report_s=1, phase_s=24,
+                   phase_kernels=14)
+    p = simgpu.workload(job, "prod", prod.env(libshim.shim))
+    o = simgpu.workload(dataclasses.replace(HOG, seconds=seconds), "opp", opp.env(libshim.shim))
+    p.wait()
+    o.wait()
+    whys = [e["why"] for e in d.events() if e.get("event") == "controller decision"]
+    fell = [w for w in whys if "its own load fell" in w]
+    assert fell and not any(w.startswith("two cuts brought nothing back") for w in whys), whys
+
+
 def test_a_job_with_host_work_between_launches_gets_the_idle_time_once_the_bound_deepens(simgpu, tgsd, libshim):
     """100 us kernels with 3 ms of host work mid-iteration beside production at 50 % duty:
     under a bound of two the GPU runs dry during the host work (about 0.8 of the idle

@@ -62,6 +62,19 @@ def test_kernels_can_come_on_several_grid_sizes_in_turn(simgpu):
     assert simgpu.context("w")["blocks"] == want
 
 
+def test_a_phase_changes_the_kernels_per_iteration_within_the_run(simgpu):
+    """--phase-s 0.6 --phase-kernels 2: 4 kernels an iteration, then 2 from 0.6 s on, in the
+    same process (its progress lines count both)."""
+    w = Workload(kernel_us=1000, kernels=4, phase_s=0.6, phase_kernels=2, seconds=1.2, report_s=0.1)
+    p = simgpu.run(w, "w")
+    assert p.popen.returncode == 0, p.stderr
+    lines = parse_output(p.stdout)
+    early = [b for b in lines if b.elapsed_s < 0.55 and not b.summary]
+    late = [b for b in lines if b.elapsed_s > 0.7 and not b.summary]
+    per_iteration = [(b.kernels - a.kernels) / (b.iterations - a.iterations) for a, b in (early[-2:], late[-2:])]
+    assert per_iteration == [4, 2], per_iteration
+
+
 def test_host_work_mid_iteration_overlaps_the_kernels_queued_before_it(simgpu):
     """--host-us: after the first half of an iteration's kernels is queued, the job works on
     the host while the GPU runs them. 1 ms of it behind 2 ms of queued kernels costs the
@@ -86,6 +99,11 @@ def test_host_work_mid_iteration_overlaps_the_kernels_queued_before_it(simgpu):
     (["--host-us", "-1"], "--host-us -1"),
     (["--stall-us", "300000"], "--stall-us 300000 without --stall-every: give both"),
     (["--stall-every", "25"], "--stall-every 25 without --stall-us: give both"),
+    (["--phase-s", "5"], "--phase-s 5 without --phase-kernels: give both"),
+    (["--phase-kernels", "3"], "--phase-kernels 3 without --phase-s: give both"),
+    (["--phase-s", "5", "--phase-kernels", "3", "--verify"], "--verify with --phase-kernels"),
+    (["--kernels", "4", "--long-kernels", "2", "--phase-s", "5", "--phase-kernels", "1"],
+     "--long-kernels 2: more than the 1 kernels per iteration of the phase"),
 ])
 def test_bad_flags(simgpu, args, message):
     proc = subprocess.run([str(simgpu.artifacts.workload), *args], env=simgpu.env("w"), capture_output=True,

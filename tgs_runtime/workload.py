@@ -31,6 +31,8 @@ class Workload:
     host_us: float = 0              # host work once the first half of an iteration's kernels is queued
     stall_us: float = 0             # more CPU time after every stall_every-th iteration (a data loader's stall)
     stall_every: int = 0
+    phase_s: float = 0              # from this far into the run ...
+    phase_kernels: int = 0          # ... this many kernels per iteration (its own load moving within one process)
 
     @property
     def duty(self) -> float:
@@ -77,6 +79,8 @@ class Workload:
             out += ["--host-us", f"{self.host_us:g}"]
         if self.stall_every or self.stall_us:  # one without the other: the workload says what is missing
             out += ["--stall-us", f"{self.stall_us:g}", "--stall-every", str(self.stall_every)]
+        if self.phase_s or self.phase_kernels:  # (likewise)
+            out += ["--phase-s", f"{self.phase_s:g}", "--phase-kernels", str(self.phase_kernels)]
         return out
 
     def argv(self, binary: Path | None = None) -> list[str]:

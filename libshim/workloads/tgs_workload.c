@@ -62,7 +62,9 @@ static struct {
     double host_us;    /* host work after the first half of each iteration's kernels */
     double stall_us;   /* more CPU time after every stall_every-th iteration */
     long stall_every;
-} opt = {1000, 0, 10, 1, -1, 10, 16, 16, 0, 0, 0, 0, 0, 0, -1, 1, 0, 0, 0};
+    double phase_s;    /* from this far into the run ... */
+    long phase_kernels; /* ... this many kernels per iteration (0: --kernels throughout) */
+} opt = {1000, 0, 10, 1, -1, 10, 16, 16, 0, 0, 0, 0, 0, 0, -1, 1, 0, 0, 0, 0, 0};
 
 static double now_s(void) {
     struct timespec ts;
@@ -157,6 +159,9 @@ static void usage(FILE *f) {
             "  --stall-us US    more CPU time after every --stall-every-th iteration: a pause of the job's\n"
             "                   own, as a data loader's stall (the thread sleeps; default 0)\n"
             "  --stall-every N  (default 0: no stalls; give both or neither)\n"
+            "  --phase-s S      from S seconds into the run, --phase-kernels K kernels per iteration: the\n"
+            "  --phase-kernels K  same process's load moving, with no idle moment and no process starting\n"
+            "                   or ending to tell (give both or neither; not with --verify)\n"
             "  --seconds S      how long to run (default 10); SIGINT or SIGTERM ends the run sooner, as\n"
             "                   if its time were up (it still verifies and reports)\n"
             "  --iterations N   stop after N iterations instead (a job of fixed work; --seconds still caps it)\n"
@@ -189,7 +194,7 @@ static void parse(int argc, char **argv) {
         {"warmup-s", 1, 0, 'w'},  {"verify", 0, 0, 'v'},  {"managed", 0, 0, 'm'},  {"json", 0, 0, 'j'},
         {"print-ptx", 0, 0, 'P'}, {"help", 0, 0, 'h'},    {"iterations", 1, 0, 'n'}, {"long-kernels", 1, 0, 'L'},
         {"long-us", 1, 0, 'U'},   {"shapes", 1, 0, 'S'},    {"host-us", 1, 0, 'H'},   {"stall-us", 1, 0, 'T'},
-        {"stall-every", 1, 0, 'E'}, {0, 0, 0, 0}};
+        {"stall-every", 1, 0, 'E'}, {"phase-s", 1, 0, 'A'}, {"phase-kernels", 1, 0, 'B'}, {0, 0, 0, 0}};
     int c;
     while ((c = getopt_long(argc, argv, "h", longs, NULL)) != -1) {
         switch (c) {
@@ -209,6 +214,8 @@ static void parse(int argc, char **argv) {
         case 'H': opt.host_us = parse_num("--host-us", optarg, 0, 60e6); break;
         case 'T': opt.stall_us = parse_num("--stall-us", optarg, 0, 60e6); break;
         case 'E': opt.stall_every = (long)parse_num("--stall-every", optarg, 0, 1e12); break;
+        case 'A': opt.phase_s = parse_num("--phase-s", optarg, 0, 1e7); break;
+        case 'B': opt.phase_kernels = (long)parse_num("--phase-kernels", optarg, 1, 100000); break;
         case 'v': opt.verify = 1; break;
         case 'm': opt.managed = 1; break;
         case 'j': opt.json = 1; break;
@@ -225,6 +232,26 @@ static void parse(int argc, char **argv) {
     if (opt.long_kernels > opt.kernels) {
         fprintf(stderr, "tgs-workload: --long-kernels %ld: more than the %ld kernels per iteration (--kernels)\n",
                 opt.long_kernels, opt.kernels);
+        exit(2);
+    }
+    if ((opt.phase_s > 0) != (opt.phase_kernels > 0)) {
+        if (opt.phase_s > 0)
+            fprintf(stderr, "tgs-workload: --phase-s %g without --phase-kernels: give both (--phase-kernels K: the "
+                            "kernels per iteration from then on)\n", opt.phase_s);
+        else
+            fprintf(stderr, "tgs-workload: --phase-kernels %ld without --phase-s: give both (--phase-s S: how far "
+                            "into the run the phase starts)\n", opt.phase_kernels);
+        exit(2);
+    }
+    if (opt.phase_kernels && opt.long_kernels > opt.phase_kernels) {
+        fprintf(stderr, "tgs-workload: --long-kernels %ld: more than the %ld kernels per iteration of the phase "
+                        "(--phase-kernels)\n", opt.long_kernels, opt.phase_kernels);
+        exit(2);
+    }
+    if (opt.phase_kernels && opt.verify) {
+        /* --verify expects every slice touched once an iteration */
+        fprintf(stderr, "tgs-workload: --verify with --phase-kernels: a phase of other kernels leaves some memory "
+                        "touched fewer times than the check expects; give one or the other\n");
         exit(2);
     }
     if ((opt.stall_us > 0) != (opt.stall_every > 0)) {
@@ -382,9 +409,10 @@ int main(int argc, char **argv) {
         write_pattern(&params);
         write_pattern(&acts);
     }
-    size_t K = (size_t)opt.kernels;
-    size_t ps = (params.bytes / K + STRIDE - 1) / STRIDE * STRIDE;
-    size_t as = (acts.bytes / K + STRIDE - 1) / STRIDE * STRIDE;
+    size_t K = (size_t)opt.kernels; /* each kernel touches a slice of both buffers: as many as either phase has */
+    size_t slices = K > (size_t)opt.phase_kernels ? K : (size_t)opt.phase_kernels;
+    size_t ps = (params.bytes / slices + STRIDE - 1) / STRIDE * STRIDE;
+    size_t as = (acts.bytes / slices + STRIDE - 1) / STRIDE * STRIDE;
     unsigned long long short_ns = (unsigned long long)(opt.kernel_us * 1000.0);
     unsigned long long long_ns = (unsigned long long)(opt.long_us * 1000.0);
     unsigned stride = STRIDE, delta = 1;
@@ -395,6 +423,8 @@ int main(int argc, char **argv) {
         double t = now_s();
         if (t - start >= opt.seconds || (opt.iterations && (long)it >= opt.iterations) || stop_asked)
             break;
+        if (opt.phase_kernels && t - start >= opt.phase_s)
+            K = (size_t)opt.phase_kernels;
         for (size_t k = 0; k < K; k++) {
             size_t po = k * ps < params.bytes ? k * ps : params.bytes;
             size_t ao = k * as < acts.bytes ? k * as : acts.bytes;

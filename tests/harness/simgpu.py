@@ -4,6 +4,7 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -97,6 +98,17 @@ class SimGPU:
 
     def status(self) -> dict:
         return sim.status(self.state)
+
+    def answers(self, within_s: float = 1.0) -> bool:
+        """Whether the simulated GPU answers a status read within `within_s`. A process
+        stopped or frozen (SIGSTOP, `docker pause`) while one of its threads held simgpu's
+        device lock (mid-call: a launch under way) stops the simulated GPU for every process, where a
+        real driver goes on serving the others: a test that stops a job checks this, and
+        stops it elsewhere (a read left waiting ends once the job goes on)."""
+        probe = threading.Thread(target=self.status, daemon=True)
+        probe.start()
+        probe.join(within_s)
+        return not probe.is_alive()
 
     def snapshots(self, seconds: float) -> tuple[dict, dict]:
         """The accounting now and `seconds` later."""

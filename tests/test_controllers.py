@@ -240,6 +240,35 @@ def test_production_on_its_host_every_iteration_is_not_taken_for_idle(busy_s, ho
     assert not any("back from idle" in w for w in held), collections.Counter(held)
 
 
+@dataclass(frozen=True)
+class Profile:
+    why: str       # why it began
+    began: float   # the rig's time at its first period and after its last
+    ended: float
+    solo: float    # the figure it left
+
+    @property
+    def length(self) -> float:
+        return round(self.ended - self.began, 2)
+
+
+def profiles(r: Rig, seconds: float, starts: list[float] | None = None) -> list[Profile]:
+    """The profiles the rig's controller makes in the next `seconds` (one still under way
+    at the end is left out), and production's iteration starts meanwhile, added to
+    `starts` where it is given."""
+    began, seen = None, []
+    for _ in range(round(seconds / DT)):
+        b = r.run(DT)
+        if starts is not None and r.mark is not None and (not starts or r.mark.t > starts[-1]):
+            starts.append(r.mark.t)
+        if b.state == "profile" and began is None:
+            began, why = r.t, b.why
+        elif b.state != "profile" and began is not None:
+            seen.append(Profile(why, began, r.t, b.solo))
+            began = None
+    return seen
+
+
 @pytest.mark.parametrize("busy_s, host_s", [(0.1, 2.0), (0.2, 1.5), (0.4, 2.0), (0.2, 3.5)])
 def test_a_profile_of_long_iterations_ends_once_two_of_their_starts_time_it(busy_s, host_s):
     """A profile of production in its rhythm (0.1-0.4 s on the GPU, 1.5-3.5 s on its host)
@@ -251,35 +280,12 @@ def test_a_profile_of_long_iterations_ends_once_two_of_their_starts_time_it(busy
     r = settled(harm=0.0, rhythm=Rhythm(busy_s, host_s))
     truth = Rhythm(busy_s, host_s).progress(r.solo)
     starts: list[float] = []
-    began = None
-    profiles = 0
-    for _ in range(round(300 / DT)):
-        b = r.run(DT)
-        if r.mark is not None and (not starts or r.mark.t > starts[-1]):
-            starts.append(r.mark.t)
-        if b.state == "profile" and began is None:
-            began = r.t
-        elif b.state != "profile" and began is not None:
-            since = began + FastController.SETTLE_S
-            second = [m for m in starts if m >= since][1]
-            assert r.t <= second + DT + 1e-9, (began, r.t, [m for m in starts if m >= began])
-            assert abs(b.solo / truth - 1) < 0.01, b.why
-            began, profiles = None, profiles + 1
-    assert profiles >= 4, profiles
-
-
-def profiles(r: Rig, seconds: float) -> list[tuple[str, float]]:
-    """The profiles the rig's controller makes in the next `seconds`: why each began, and
-    how long it lasted (one still under way at the end is left out)."""
-    began, seen = None, []
-    for _ in range(round(seconds / DT)):
-        b = r.run(DT)
-        if b.state == "profile" and began is None:
-            began, why = r.t, b.why
-        elif b.state != "profile" and began is not None:
-            seen.append((why, round(r.t - began, 2)))
-            began = None
-    return seen
+    seen = profiles(r, 300, starts)
+    for p in seen:
+        second = [m for m in starts if m >= p.began + FastController.SETTLE_S][1]
+        assert p.ended <= second + DT + 1e-9, (p, [m for m in starts if m >= p.began])
+        assert abs(p.solo / truth - 1) < 0.01, p
+    assert len(seen) >= 4, seen
 
 
 @pytest.mark.parametrize("busy_s, host_s", [(0.1, 2.0), (0.2, 1.5), (0.2, 3.0), (0.1, 4.0)])
@@ -292,7 +298,7 @@ def test_a_periodic_profile_of_a_long_rhythm_starts_as_production_is_due_back(bu
     rhythm honoured went from 4 s to 8.5 s, every return was profiled instead."""
     r = settled(harm=0.0, rhythm=Rhythm(busy_s, host_s))
     seen = profiles(r, 300)
-    whys, lengths = {why.split(":")[0] for why, _ in seen}, [length for _, length in seen]
+    whys, lengths = {p.why.split(":")[0] for p in seen}, [p.length for p in seen]
     assert whys == {"periodic"} and len(lengths) >= 4, (whys, lengths)
     most = busy_s + host_s + FastController.SETTLE_S + FastController.DECIDE_S + 3 * DT
     assert max(lengths) <= most + 1e-9, f"profiles of {lengths} s, {busy_s + host_s} s iterations"
@@ -308,8 +314,8 @@ def test_a_follow_up_of_a_long_rhythm_waits_until_production_is_due_back(busy_s,
     r = settled(harm=0.1, rhythm=Rhythm(busy_s, host_s))
     r.run(30)
     r.rhythm = Rhythm(after_s, host_s)
-    follow_ups = [length for why, length in profiles(r, 60)
-                  if why.startswith("the solo figure was taken while production's load moved")]
+    follow_ups = [p.length for p in profiles(r, 60)
+                  if p.why.startswith("the solo figure was taken while production's load moved")]
     most = after_s + host_s + FastController.SETTLE_S + FastController.DECIDE_S + 3 * DT
     assert follow_ups and max(follow_ups) <= most + 1e-9, f"follow-ups of {follow_ups} s, {after_s + host_s} s iterations"
 

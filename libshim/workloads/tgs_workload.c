@@ -187,6 +187,18 @@ static double parse_num(const char *flag, const char *v, double lo, double hi) {
     return d;
 }
 
+/* Two flags that mean nothing apart (`a_is` and `b_is` say what each gives): one without the
+ * other is refused, saying what is missing, rather than run without. */
+static void give_both(const char *a, double av, const char *a_is, const char *b, double bv, const char *b_is) {
+    if ((av > 0) == (bv > 0))
+        return;
+    if (av > 0)
+        fprintf(stderr, "tgs-workload: %s %g without %s: give both (%s)\n", a, av, b, b_is);
+    else
+        fprintf(stderr, "tgs-workload: %s %g without %s: give both (%s)\n", b, bv, a, a_is);
+    exit(2);
+}
+
 static void parse(int argc, char **argv) {
     static const struct option longs[] = {
         {"kernel-us", 1, 0, 'k'}, {"kernels", 1, 0, 'K'}, {"gap-us", 1, 0, 'g'},   {"seconds", 1, 0, 's'},
@@ -234,15 +246,8 @@ static void parse(int argc, char **argv) {
                 opt.long_kernels, opt.kernels);
         exit(2);
     }
-    if ((opt.phase_s > 0) != (opt.phase_kernels > 0)) {
-        if (opt.phase_s > 0)
-            fprintf(stderr, "tgs-workload: --phase-s %g without --phase-kernels: give both (--phase-kernels K: the "
-                            "kernels per iteration from then on)\n", opt.phase_s);
-        else
-            fprintf(stderr, "tgs-workload: --phase-kernels %ld without --phase-s: give both (--phase-s S: how far "
-                            "into the run the phase starts)\n", opt.phase_kernels);
-        exit(2);
-    }
+    give_both("--phase-s", opt.phase_s, "--phase-s S: how far into the run the phase starts", "--phase-kernels",
+              (double)opt.phase_kernels, "--phase-kernels K: the kernels per iteration from then on");
     if (opt.phase_kernels && opt.long_kernels > opt.phase_kernels) {
         fprintf(stderr, "tgs-workload: --long-kernels %ld: more than the %ld kernels per iteration of the phase "
                         "(--phase-kernels)\n", opt.long_kernels, opt.phase_kernels);
@@ -254,16 +259,8 @@ static void parse(int argc, char **argv) {
                         "touched fewer times than the check expects; give one or the other\n");
         exit(2);
     }
-    if ((opt.stall_us > 0) != (opt.stall_every > 0)) {
-        /* one without the other is no stall at all: say so rather than run without */
-        if (opt.stall_us > 0)
-            fprintf(stderr, "tgs-workload: --stall-us %g without --stall-every: give both (--stall-every N: a stall "
-                            "after every N-th iteration)\n", opt.stall_us);
-        else
-            fprintf(stderr, "tgs-workload: --stall-every %ld without --stall-us: give both (--stall-us US: how long "
-                            "each stall is)\n", opt.stall_every);
-        exit(2);
-    }
+    give_both("--stall-us", opt.stall_us, "--stall-us US: how long each stall is", "--stall-every",
+              (double)opt.stall_every, "--stall-every N: a stall after every N-th iteration");
     if (opt.long_us < 0)
         opt.long_us = opt.kernel_us;
     if (opt.warmup_s < 0)

@@ -32,8 +32,8 @@ take turns at it (`take_turns`). Pure logic: no clocks, no I/O.
   that). Production's own load growing (P above S by 10 % for half a second) or falling
   (cuts that do not bring P back) triggers a new profile, unless the shims tell (below);
   so does P timed above S by the tolerance for 2.5-3 s and half a second more (beside
-  work that costs it, the figure is low: a rise the harm hides), once per figure (`_rose`). Production launching nothing for
-  half a second (or, where its shims expect longer spells every iteration, up to 8.5 s:
+  work that costs it, the figure is low: a rise the harm hides), once per figure (`_rose`).
+  Production launching nothing for half a second (or, where its shims expect longer spells every iteration, up to 8.5 s:
   its rhythm, `_idle_after`) lifts the limit at once and brings back the configured in-flight bound
   (and ends a profile under way, which measured nothing), and its return is profiled (it
   may be a new job);
@@ -84,9 +84,10 @@ take turns at it (`take_turns`). Pure logic: no clocks, no I/O.
   every iteration), the window grows to 10 s, or 2.5 rhythms (about 21 s at most), to hold
   them (`_span`), and its periodic profile waits until it is due back from its host
   (`_about_to_return`, for up to a window), to last one of its iterations. There, a first
-  violation whose latest iteration did less work (blocks) than the one the figure was
-  profiled over, by enough to explain the fall, is production's own load falling (harm
-  lengthens an iteration, not its work): profiled at once, not cut (`_less_work`).
+  violation the shims cannot tell (below) whose latest iteration did less work (blocks)
+  than the one the figure was profiled over, by enough to explain the fall, is
+  production's own load falling (harm lengthens an iteration, not its work): profiled at
+  once, not cut (`_less_work`).
 - `tgs-paper` reproduces the original TGS code's controller for comparison: 5 s samples,
   a profile sample with the opportunistic job paused, slow start (x1.5 per sample), then
   additive increase, 8 % decrease when production falls more than 3 % below its solo
@@ -751,17 +752,18 @@ class FastController:
         self._change(t, why, Phase.RUN)
 
     def _less_work(self, run: Violations | None, p: float, solo: float) -> float | None:
-        """At the first violation of a run, where production's rhythm grew the window (over
-        0.75 s on its host every iteration: its iteration starts are the returns from its
-        host), the part of the work (blocks) of its iteration in the profile that set the
+        """At the first violation of a run that the shims cannot tell (`_not_own`: they did
+        not watch, or a deeper bound is on trial), where production's rhythm grew the window
+        (over 0.75 s on its host every iteration: its iteration starts are the returns from
+        its host), the part of the work (blocks) of its iteration in the profile that set the
         figure that its latest did, where that is less by more than the tolerance and
         explains its fall from the figure to p within the tolerance; else None. Harm
         lengthens an iteration, not its work: less work is its own load falling, measured
-        at once (a fall beyond it is harm too, and cut). Cut as harm instead, a job of 0.2 s on the GPU and 3 s on its host
-        whose bursts shrank to 0.14 s (0.71 of its figure) was cut twice, 6.5 s apart (a
-        decision needs two of its iterations), and profiled 18 s after the fall:
-        opportunistic work had 0.37-0.49 of what is allowed over the 40 s after it in the
-        controller rig."""
+        at once (a fall beyond it is harm too, and cut). Cut as harm instead, a job of 0.2 s
+        on the GPU and 3 s on its host whose bursts shrank to 0.14 s (0.71 of its figure)
+        was cut twice, 6.5 s apart (a decision needs two of its iterations), and profiled
+        18 s after the fall: opportunistic work had 0.37-0.49 of what is allowed over the
+        40 s after it in the controller rig."""
         if run is not None or self.window.span <= self.WINDOW_S or self.figure_work is None:
             return None
         figure, work = self.figure_work
@@ -866,11 +868,6 @@ class FastController:
             # never had 0.8 of the idle time in that phase)
             not_own = f"under a trial of in-flight bound {self.bound.kernels}"
         run = self.violations
-        less = self._less_work(run, p, solo)
-        if less is not None:
-            self._profile(t, f"{self._of_solo(p)}, its iterations doing {less:.0%} of the work of those its figure "
-                          f"was profiled over: its own load fell", purpose=Purpose.FOLLOW, way=-1)
-            return
         if (run is None or run.cuts == 0) and not_own is None:
             # production fell with next to no opportunistic work beside it: its own
             # load changed (two jobs' bursts fell together; a PyTorch job's warm-up,
@@ -889,6 +886,11 @@ class FastController:
             self.solo, self.profiles, self.own_figure = p, [], p
             self._change(t, f"production fell to {p:,.0f} blocks/s{steps} with {seen.per_s:.4f} s/s of "
                          "opportunistic work beside it: its own load, the new solo figure")
+            return
+        less = self._less_work(run, p, solo)
+        if less is not None:  # (where the shims cannot tell, or under a deeper trial)
+            self._profile(t, f"{self._of_solo(p)}, its iterations doing {less:.0%} of the work of those its figure "
+                          f"was profiled over: its own load fell", purpose=Purpose.FOLLOW, way=-1)
             return
         if run is None:
             self.rate_good = self.rate

@@ -527,7 +527,7 @@ class FastController:
         self.long_rhythm_at = float("-inf")  # the latest sample of a rhythm that grows the window (`_span`) ...
         self.long_span = self.LONG_WINDOW_S  # ... and the window it grew to
         self.rise_checked = False  # a rise under LOAD_CHANGE was profiled against this figure (`_rose`)
-        # the figure a profile left, and the blocks of production's iterations in it (`_less_work`)
+        # the figure a profile left, and the blocks of production's latest iteration in it (`_less_work`)
         self.figure_work: tuple[float, int] | None = None
 
     def _change(self, t: float, why: str, phase: Phase | None = None, rate: int | None = None) -> None:

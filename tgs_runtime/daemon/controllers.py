@@ -649,6 +649,7 @@ class FastController:
         self.profiles = (self.profiles[-(self.PROFILES_KEPT - 1):] if same else []) + [p]
         self.rise_checked = self.rise_checked and same
         self.solo = sum(self.profiles) / len(self.profiles)
+        self._note_work()
         return same
 
     def _followed(self, t: float, p: float, bar: float, way: int) -> str:
@@ -775,7 +776,8 @@ class FastController:
 
     def _note_work(self) -> None:
         """Keeps the blocks of production's latest iteration, timed in the profile ending
-        now, beside the figure it left (`_less_work`)."""
+        now, beside the figure it left (`_less_work`; from `_profiled`, where every profile
+        that measured something sets the figure)."""
         work = self.window.iteration_blocks()
         self.figure_work = (self.solo, work) if work and self.solo else None
 
@@ -1236,7 +1238,6 @@ class FastController:
                     p = max(p, self.profile_first)
                 if self.purpose is Purpose.CHECK and s.opportunistic:
                     self._checked(t, p, covered)
-                    self._note_work()
                     return self._budget()
                 found, rate = "", self.rate_good
                 if covered > 0:
@@ -1258,7 +1259,6 @@ class FastController:
                         found = f"; the load {self._followed(t, p, tol, 1)}"
                     else:
                         self._profiled(p)
-                self._note_work()
                 self.purpose = Purpose.MEASURE
                 self.violations = None
                 self.drift_since = None

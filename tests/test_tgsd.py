@@ -4,6 +4,7 @@ simgpu's own accounting; exact figures belong to bench/."""
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import json
 import os
 import signal
@@ -860,7 +861,8 @@ def test_a_long_rhythm_whose_own_load_falls_is_profiled_not_cut(simgpu, tgsd, li
     start with the blocks launched before it: its iterations do less work, so tgsd takes
     the fall for its own at the first violation and profiles it. Cut as harm, the fall was
     cut twice, 6.5 s apart ("rate cut" at 0.713 of the figure, twice, on simgpu), and
-    profiled only after two cuts brought nothing back."""
+    profiled only after two cuts brought nothing back. The profile lets the opportunistic
+    job run while production is on its host (it lasted 3.9 s, paused throughout)."""
     d = tgsd()
     prod, opp = d.register("production"), d.register("opportunistic")
     seconds = 40
@@ -875,8 +877,10 @@ def test_a_long_rhythm_whose_own_load_falls_is_profiled_not_cut(simgpu, tgsd, li
     p.wait()
     o.wait()
     whys = [e["why"] for e in d.events() if e.get("event") == "controller decision"]
-    fell = [w for w in whys if "its own load fell" in w]
+    fell = [i for i, w in enumerate(whys) if "its own load fell" in w]
     assert fell and not any(w.startswith("two cuts brought nothing back") for w in whys), whys
+    profile = list(itertools.takewhile(lambda w: not w.startswith("profiled:"), whys[fell[0] + 1:]))
+    assert any(w.startswith("production on its host, not due back") for w in profile), whys[fell[0]:]
 
 
 def test_a_job_with_host_work_between_launches_gets_the_idle_time_once_the_bound_deepens(simgpu, tgsd, libshim):

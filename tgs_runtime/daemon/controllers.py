@@ -9,7 +9,9 @@ take turns at it (`take_turns`). Pure logic: no clocks, no I/O.
 
 - `fast` (the default): without production on the GPU, opportunistic work has no limit, no
   gate and no in-flight bound. Production's solo progress S comes from periods when it runs alone,
-  or from a short profile (opportunistic paused, <= 1 s). Progress is timed from iteration
+  or from a short profile (opportunistic paused, <= 1 s; a job on its host for seconds
+  every iteration is profiled over one or two of them, and opportunistic work runs while
+  it is on its host: `_on_its_host`). Progress is timed from iteration
   start to iteration start where the shim marks them, less production's pauses of its own
   (see `Window`), else counted, which knows S only to about one iteration; the periodic
   profiles of one run of production are
@@ -456,7 +458,7 @@ class Window:
 class Phase(str, enum.Enum):
     FREE = "free"          # no production on the GPU: opportunistic work takes it all
     SOLO = "solo"          # production alone: its progress is its solo progress
-    PROFILE = "profile"    # opportunistic paused to measure production alone
+    PROFILE = "profile"    # opportunistic paused to measure production alone (but `host_spell`)
     RUN = "run"            # sharing
 
 
@@ -529,6 +531,9 @@ class FastController:
         self.rise_checked = False  # a rise under LOAD_CHANGE was profiled against this figure (`_rose`)
         # the figure a profile left, and the blocks of production's latest iteration in it (`_less_work`)
         self.figure_work: tuple[float, int] | None = None
+        # production of a long rhythm is on its host in the profile under way, not due back
+        # within a decision: opportunistic work runs at the rate meanwhile (`_on_its_host`)
+        self.host_spell = False
 
     def _change(self, t: float, why: str, phase: Phase | None = None, rate: int | None = None) -> None:
         if phase is not None:
@@ -581,7 +586,10 @@ class FastController:
         PyTorch job alone on an H100 ran at 0.742 of its speed under the default bound,
         0.990 without it). A production container attaches when it is created, seconds
         before its first kernel: what was queued meanwhile has run by then."""
-        rate = 0 if self.phase == Phase.PROFILE else UNLIMITED if self.phase in (Phase.FREE, Phase.SOLO) else self.rate
+        if self.phase == Phase.PROFILE:
+            rate = self.rate if self.host_spell else 0
+        else:
+            rate = UNLIMITED if self.phase in (Phase.FREE, Phase.SOLO) else self.rate
         inflight = 0 if self.phase == Phase.FREE else self.bound.kernels
         return Budget(rate, inflight, self.phase != Phase.FREE, self.phase.value, self.solo,
                       self.window.overlap().per_s, self.why)
@@ -621,6 +629,7 @@ class FastController:
         if way:
             self.follow_sign = way
         self.follow_at = None  # this profile measures the load now
+        self.host_spell = False
         self.profile_from = t
         self.profile_first = None
         self.profiled_at = t
@@ -1064,7 +1073,11 @@ class FastController:
         or, where they do not, two of its latest iterations have passed since then
         (`_two_iterations_s`; counted from the profile's start, that came a control period
         short: a job of 1.7 s iterations, its second start due just then, was read over
-        one burst, 4,545 blocks/s for 5,882, and taken for a new load). Waiting for
+        one burst, 4,545 blocks/s for 5,882, and taken for a new load); where the window has
+        grown for a long rhythm (`_span`), the window's span instead: such a job's starts
+        time it once the profile holds two, and its latest iteration may be one whose host
+        spell was cut short (a count of one burst over a second then read 2.6-6.6 times its
+        progress alone, in the controller rig). Waiting for
         two iterations where the first two starts already timed one held opportunistic work
         up to an iteration longer than the measure needed: a periodic profile of a job of
         0.1 s on the GPU and 2 s on its host lasted 4.35 s, and in the controller rig such
@@ -1075,7 +1088,10 @@ class FastController:
         lag it reads.)"""
         if elapsed <= self.cfg.profile_s + 1e-9:
             return False
-        return timed is not None or t - since >= self._two_iterations_s() - 1e-9
+        if timed is not None:
+            return True
+        counted_after = self.window.span if self.window.span > self.WINDOW_S else self._two_iterations_s()
+        return t - since >= counted_after - 1e-9
 
     def _held(self, t: float, o: float, long_o: float, rhythm: float) -> None:
         """Production holds: the rate ramps back (or goes where it is unused), else the in-flight
@@ -1101,6 +1117,40 @@ class FastController:
             # (a follow-up is due anyway)
             self._profile(t, "periodic", same_load=True, purpose=Purpose.PERIODIC)
 
+    def _on_its_host(self, s: Sample) -> bool:
+        """Whether production of a long rhythm (the window grown, `_span`), in a profile, is
+        on its host (it has launched nothing for IDLE_S) and not due back within a decision
+        and the profile's first SETTLE_S (`_due_back_in`). Opportunistic work runs then
+        (`host_spell`): the profile times production from iteration start to iteration
+        start, and needs it alone only on the GPU. Paused throughout, a profile of such a
+        job held opportunistic work for one to two of its iterations, 3.7-5.8 s beside
+        0.14 s on the GPU and 3 s on the host; in the controller rig, beside jobs of
+        0.1-0.4 s on the GPU and 1.5-4 s on the host whose bursts grew or shrank by a third
+        to a half, opportunistic work had 0.789 of what is allowed over the 40 s after the
+        change (0.655-0.682 after the falls of 30 %), 0.915 now (0.835-0.892), production's
+        progress the same in each case. Production back sooner (its spell shorter than the
+        shortest of those gone by) restarts the profile's measure (`step`)."""
+        if self.window.span <= self.WINDOW_S or self.window.quiet_s() < self.IDLE_S - 1e-9:
+            return False
+        rhythm = self._rhythm(s)
+        return rhythm > 0 and self._due_back_in(rhythm) > self.DECIDE_S + 1e-9
+
+    def _host_spell(self, on_host: bool) -> None:
+        """Opportunistic work runs in the profile under way while production is on its host
+        (`_on_its_host`), and is paused again before it is due back; the decision log says
+        which, with the profile's measure going on through both (`changed_at` stays)."""
+        if on_host != self.host_spell:
+            self.host_spell = on_host
+            self.why = ("production on its host, not due back within a decision: opportunistic work runs in the "
+                        "profile" if on_host else "production due back from its host: profiling production alone")
+
+    def _due_back_in(self, rhythm: float) -> float:
+        """Seconds until production of a long rhythm, on its host, is due back (its shortest
+        spell is half its `rhythm`, `_rhythm`; tgsd's quiet time counts its spell so far),
+        less a profile's first SETTLE_S and a control period (`quiet_s` leaves out the
+        period its burst ended in)."""
+        return rhythm / 2 - self.window.quiet_s() - (self.SETTLE_S + self.window.items[-1].dt)
+
     def _about_to_return(self, rhythm: float, waited: float) -> bool:
         """Whether production of a long rhythm (the window grown, `_span`) is on its host and
         due back within a decision: its shortest spell is half its `rhythm` (`_rhythm`: 0
@@ -1121,9 +1171,7 @@ class FastController:
         may seem due back only between two decisions, every iteration."""
         if self.window.span <= self.WINDOW_S or waited > self.window.span:
             return True
-        early = self.SETTLE_S + self.window.items[-1].dt  # (quiet_s leaves out the period its burst ended in)
-        due = rhythm / 2 - self.window.quiet_s()
-        return rhythm > 0 and early - 1e-9 <= due <= early + self.DECIDE_S + 1e-9
+        return rhythm > 0 and -1e-9 <= self._due_back_in(rhythm) <= self.DECIDE_S + 1e-9
 
     def step(self, s: Sample) -> Budget:
         self.window.span = self._span(s)
@@ -1226,6 +1274,15 @@ class FastController:
                                  UNLIMITED)
             return self._budget()
         if self.phase == Phase.PROFILE:
+            if self.host_spell and s.production_blocks:
+                # back before it was due, beside opportunistic work, which its burst now
+                # runs beside: the profile times it from its next iteration
+                self.host_spell = False
+                self.profile_from, self.profile_first = t, None
+                self._change(t, "production came back from its host before it was due, with opportunistic work "
+                                "running in the profile: profiling production alone from now")
+                return self._budget()
+            self._host_spell(self._on_its_host(s))
             elapsed = t - self.profile_from + s.dt
             if self._profiled_enough(t, elapsed, since, timed):
                 fading = self._fading(t, since, covered, timed)

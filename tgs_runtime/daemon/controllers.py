@@ -1135,7 +1135,7 @@ class FastController:
         rhythm = self._rhythm(s)
         return rhythm > 0 and self._due_back_in(rhythm) > self.DECIDE_S + 1e-9
 
-    def _host_spell(self, on_host: bool) -> None:
+    def _set_host_spell(self, on_host: bool) -> None:
         """Opportunistic work runs in the profile under way while production is on its host
         (`_on_its_host`), and is paused again before it is due back; the decision log says
         which, with the profile's measure going on through both (`changed_at` stays)."""
@@ -1282,7 +1282,7 @@ class FastController:
                 self._change(t, "production came back from its host before it was due, with opportunistic work "
                                 "running in the profile: profiling production alone from now")
                 return self._budget()
-            self._host_spell(self._on_its_host(s))
+            self._set_host_spell(self._on_its_host(s))
             elapsed = t - self.profile_from + s.dt
             if self._profiled_enough(t, elapsed, since, timed):
                 fading = self._fading(t, since, covered, timed)

@@ -15,7 +15,9 @@ of 0.1, 0.25 and 0.4 s (a data loader's), about every 1, 2.5 and 5 s, at moments
 control period's boundary, where opportunistic work is allowed the whole GPU, and
 rhythms: iterations of 0.1, 0.2 and 0.4 s on the GPU and 0.3, 0.6, 0.7, 1, 1.5, 2, 3 and 4 s
 on the host (a slow data loader, an environment's step), where opportunistic work is allowed the
-one rate through both that costs production exactly the tolerance; each at
+one rate through both that costs production exactly the tolerance, and irregular rhythms:
+0.2 s on the GPU and 1.5 or 3 s on the host, each spell drawn within +-7, 17 or 33 % of
+it (its shim expecting twice the shortest of its last eight spells); each at
 harm 0.01, 0.03 and 0.1 (full rate costs production 2, 6 and 20 %) and lag 0, 0.3 and 0.6
 s. Production's shim marks an iteration start every 0.1 s while it runs, so tgsd times
 its progress from them, as it times a job's that synchronises each iteration, and counts
@@ -87,6 +89,16 @@ class Rig:
         self.burst_left = 0.0  # ... the blocks left of the one under way (0: on its host)
         self.host_left = 0.0   # ... the seconds left of its host work
         self.iterations = 0
+        self.spells: collections.deque[float] = collections.deque(maxlen=8)  # its last host spells ...
+        self.spell_draws = random.Random(0)  # ... drawn so where its rhythm has a spread
+
+    def _spell(self) -> float:
+        """The host spell after a burst of its rhythm: `host_s`, or where the rhythm has a
+        `spread`, drawn within it; its shim keeps the last eight (`spells`)."""
+        r = self.rhythm
+        spell = r.host_s * self.spell_draws.uniform(1 - r.spread, 1 + r.spread) if r.spread else r.host_s
+        self.spells.append(spell)
+        return spell
 
     def _iterate(self, speed: float) -> tuple[float, float | None, float]:
         """Production's rhythm through the step ending now at `speed` blocks/s (harm
@@ -100,7 +112,7 @@ class Rig:
                 running += spent
                 rem -= spent
                 if self.burst_left <= 1e-9:
-                    self.burst_left, self.host_left = 0.0, self.rhythm.host_s
+                    self.burst_left, self.host_left = 0.0, self._spell()
             elif self.host_left > 1e-12:
                 spent = min(rem, self.host_left)
                 self.host_left -= spent
@@ -150,7 +162,7 @@ class Rig:
             # the mark before it again
             # (a job in its rhythm: its host spells are not pauses, and it marks each
             # iteration's start, expecting spells of up to twice its host work once it has
-            # come back from GAPS_TO_EXPECT of them)
+            # come back from GAPS_TO_EXPECT of them: twice the shortest of its last eight)
             self.paused_s += 0.0 if self.rhythm else DT if idle else self.pause * DT
             if not production:
                 self.mark = None  # production that comes back is a new container, unmarked
@@ -161,7 +173,7 @@ class Rig:
             elif self.marked and not idle:
                 self.mark = Mark("production", self.t, int(self.produced), self.paused_s)
             marks = (self.mark,) if self.marked and production and self.mark else ()
-            rhythm_s = 2 * self.rhythm.host_s if self.rhythm and self.iterations > GAPS_TO_EXPECT else 0.0
+            rhythm_s = 2 * min(self.spells) if self.rhythm and self.iterations > GAPS_TO_EXPECT and self.spells else 0.0
             self.budget = self.ctl.step(Sample(self.t, DT, int(prod * DT), int(opp * DT), production, opportunistic,
                                                marks, production_processes=self.processes, overlap=seen,
                                                production_rhythm_s=rhythm_s))
@@ -220,9 +232,10 @@ class Rhythm:
     loader, an environment's step): launching nothing, not idle (`Rig.rhythm`)."""
     busy_s: float
     host_s: float
+    spread: float = 0.0  # each host spell drawn uniformly within host_s * (1 +- spread) (`Rig._spell`)
 
     def progress(self, solo: float) -> float:
-        """Its blocks/s alone."""
+        """Its blocks/s alone (over many iterations, where its spells vary)."""
         return solo * self.busy_s / (self.busy_s + self.host_s)
 
     def allowed(self, solo: float, harm: float, capacity: float) -> float:
@@ -240,6 +253,8 @@ GROUPS: dict[str, list[tuple[str, Load | Pauses | Rhythm]]] = {
                enumerate(itertools.product((0.1, 0.25, 0.4), (1, 2.5, 5)))],
     "rhythms": [(f"{b:g} s on the GPU, {h:g} s on the host", Rhythm(b, h)) for b in (0.1, 0.2, 0.4)
                 for h in (0.3, 0.6, 0.7, 1.0, 1.5, 2.0, 3.0, 4.0)],
+    "irregular": [(f"0.2 s on the GPU, {h:g} s +-{sp:.0%} on the host", Rhythm(0.2, h, sp)) for h in (1.5, 3.0)
+                  for sp in (0.07, 0.17, 0.33)],
 }
 
 

@@ -91,6 +91,7 @@ class Rig:
         self.iterations = 0
         self.spells: collections.deque[float] = collections.deque(maxlen=8)  # its last host spells ...
         self.spell_draws = random.Random(0)  # ... drawn so where its rhythm has a spread
+        self.spell_after: dict[int, float] = {}  # the spell after each iteration's burst, by its number
 
     def _spell(self) -> float:
         """The host spell after a burst of its rhythm: `host_s`, or where the rhythm has a
@@ -98,6 +99,7 @@ class Rig:
         r = self.rhythm
         spell = r.host_s * self.spell_draws.uniform(1 - r.spread, 1 + r.spread) if r.spread else r.host_s
         self.spells.append(spell)
+        self.spell_after[self.iterations] = spell
         return spell
 
     def _iterate(self, speed: float) -> tuple[float, float | None, float]:
@@ -311,8 +313,10 @@ def run_case(name: str, load: Load | Pauses | Rhythm, harm: float, lag_s: float)
 
 def _run_rhythm(name: str, rhythm: Rhythm, harm: float, lag_s: float) -> Case:
     """A case of production in its rhythm: against its progress alone (in each window, from
-    its first iteration start to its last: a count of its blocks is off by up to a burst),
-    and opportunistic work against the rate that costs it exactly the tolerance."""
+    its first iteration start to its last: a count of its blocks is off by up to a burst;
+    where its spells vary, alone over those iterations, their spells as drawn), and
+    opportunistic work against the rate that costs it exactly the tolerance (where its
+    spells vary, by their mean)."""
     r = settled(harm, lag_s, rhythm)
     production, opportunistic = [], []
     solo, allowed = rhythm.progress(SOLO), rhythm.allowed(SOLO, harm, r.capacity) * WINDOW_S
@@ -322,7 +326,11 @@ def _run_rhythm(name: str, rhythm: Rhythm, harm: float, lag_s: float) -> Case:
             r.run(DT)
             if r.mark is not None and (not starts or r.mark.t > starts[-1].t):
                 starts.append(r.mark)
+                began = r.iterations - len(starts) + 1  # (the iteration the first start began)
         first, last = starts[0], starts[-1]
+        if rhythm.spread:
+            alone = sum(rhythm.busy_s + r.spell_after[i] for i in range(began, began + len(starts) - 1))
+            solo = (len(starts) - 1) * rhythm.busy_s * SOLO / alone
         production.append((last.blocks - first.blocks) / (last.t - first.t) / solo)
         opportunistic.append((r.opportunistic_done - o0) / allowed)
     return Case.of(name, harm, lag_s, production, opportunistic)

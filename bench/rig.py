@@ -89,16 +89,14 @@ class Rig:
         self.burst_left = 0.0  # ... the blocks left of the one under way (0: on its host)
         self.host_left = 0.0   # ... the seconds left of its host work
         self.iterations = 0
-        self.spells: collections.deque[float] = collections.deque(maxlen=8)  # its last host spells ...
-        self.spell_draws = random.Random(0)  # ... drawn so where its rhythm has a spread
-        self.spell_after: dict[int, float] = {}  # the spell after each iteration's burst, by its number
+        self.spell_draws = random.Random(0)  # its host spells, drawn so where its rhythm has a spread ...
+        self.spell_after: dict[int, float] = {}  # ... the one after each iteration's burst, by its number
 
     def _spell(self) -> float:
         """The host spell after a burst of its rhythm: `host_s`, or where the rhythm has a
-        `spread`, drawn within it; its shim keeps the last eight (`spells`)."""
+        `spread`, drawn within it (`spell_after`)."""
         r = self.rhythm
         spell = r.host_s * self.spell_draws.uniform(1 - r.spread, 1 + r.spread) if r.spread else r.host_s
-        self.spells.append(spell)
         self.spell_after[self.iterations] = spell
         return spell
 
@@ -175,7 +173,8 @@ class Rig:
             elif self.marked and not idle:
                 self.mark = Mark("production", self.t, int(self.produced), self.paused_s)
             marks = (self.mark,) if self.marked and production and self.mark else ()
-            rhythm_s = 2 * min(self.spells) if self.rhythm and self.iterations > GAPS_TO_EXPECT and self.spells else 0.0
+            rhythm_s = 2 * min(itertools.islice(reversed(self.spell_after.values()), 8)) \
+                if self.rhythm and self.iterations > GAPS_TO_EXPECT and self.spell_after else 0.0
             self.budget = self.ctl.step(Sample(self.t, DT, int(prod * DT), int(opp * DT), production, opportunistic,
                                                marks, production_processes=self.processes, overlap=seen,
                                                production_rhythm_s=rhythm_s))
@@ -326,7 +325,8 @@ def _run_rhythm(name: str, rhythm: Rhythm, harm: float, lag_s: float) -> Case:
             r.run(DT)
             if r.mark is not None and (not starts or r.mark.t > starts[-1].t):
                 starts.append(r.mark)
-                began = r.iterations - len(starts) + 1  # (the iteration the first start began)
+                if len(starts) == 1:
+                    began = r.iterations  # (the first start's iteration)
         first, last = starts[0], starts[-1]
         if rhythm.spread:
             alone = sum(rhythm.busy_s + r.spell_after[i] for i in range(began, began + len(starts) - 1))

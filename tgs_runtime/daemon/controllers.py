@@ -1276,11 +1276,10 @@ class FastController:
         if self.phase == Phase.PROFILE:
             if self.host_spell and s.production_blocks:
                 # back before it was due, beside opportunistic work, which its burst now
-                # runs beside: the profile times it from its next iteration
-                self.host_spell = False
-                self.profile_from, self.profile_first = t, None
-                self._change(t, "production came back from its host before it was due, with opportunistic work "
-                                "running in the profile: profiling production alone from now")
+                # runs beside: the profile starts again, and times it from its next iteration
+                self._profile(t, "production came back from its host before it was due, with opportunistic work "
+                                 "running in the profile", same_load=True, purpose=self.purpose,
+                              resume_at=self.resume_at)
                 return self._budget()
             self._set_host_spell(self._on_its_host(s))
             elapsed = t - self.profile_from + s.dt

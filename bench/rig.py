@@ -16,8 +16,8 @@ control period's boundary, where opportunistic work is allowed the whole GPU, an
 rhythms: iterations of 0.1, 0.2 and 0.4 s on the GPU and 0.3, 0.6, 0.7, 1, 1.5, 2, 3 and 4 s
 on the host (a slow data loader, an environment's step), where opportunistic work is allowed the
 one rate through both that costs production exactly the tolerance, and irregular rhythms:
-0.2 s on the GPU and 1.5 or 3 s on the host, each spell drawn within +-7, 17 or 33 % of
-it (its shim expecting twice the shortest of its last eight spells); each at
+0.2 s on the GPU and 0.5, 1, 1.5 or 3 s on the host, each spell drawn within +-7, 17 or
+33 % of it (its shim expecting twice the shortest of its last eight spells); each at
 harm 0.01, 0.03 and 0.1 (full rate costs production 2, 6 and 20 %) and lag 0, 0.3 and 0.6
 s. Production's shim marks an iteration start every 0.1 s while it runs, so tgsd times
 its progress from them, as it times a job's that synchronises each iteration, and counts
@@ -254,7 +254,7 @@ GROUPS: dict[str, list[tuple[str, Load | Pauses | Rhythm]]] = {
                enumerate(itertools.product((0.1, 0.25, 0.4), (1, 2.5, 5)))],
     "rhythms": [(f"{b:g} s on the GPU, {h:g} s on the host", Rhythm(b, h)) for b in (0.1, 0.2, 0.4)
                 for h in (0.3, 0.6, 0.7, 1.0, 1.5, 2.0, 3.0, 4.0)],
-    "irregular": [(f"0.2 s on the GPU, {h:g} s +-{sp:.0%} on the host", Rhythm(0.2, h, sp)) for h in (1.5, 3.0)
+    "irregular": [(f"0.2 s on the GPU, {h:g} s +-{sp:.0%} on the host", Rhythm(0.2, h, sp)) for h in (0.5, 1.0, 1.5, 3.0)
                   for sp in (0.07, 0.17, 0.33)],
 }
 

@@ -246,6 +246,7 @@ class Profile:
     began: float   # the rig's time at its first period and after its last
     ended: float
     solo: float    # the figure it left
+    running: float = 0.0  # the seconds opportunistic work ran in it (a long rhythm's host spells)
 
     @property
     def length(self) -> float:
@@ -261,10 +262,12 @@ def profiles(r: Rig, seconds: float, starts: list[float] | None = None) -> list[
         b = r.run(DT)
         if starts is not None and r.mark is not None and (not starts or r.mark.t > starts[-1]):
             starts.append(r.mark.t)
-        if b.state == "profile" and began is None:
-            began, why = r.t, b.why
-        elif b.state != "profile" and began is not None:
-            seen.append(Profile(why, began, r.t, b.solo))
+        if b.state == "profile":
+            if began is None:
+                began, why, running = r.t, b.why, 0.0
+            running += DT if b.rate else 0.0
+        elif began is not None:
+            seen.append(Profile(why, began, r.t, b.solo, running))
             began = None
     return seen
 
@@ -298,19 +301,11 @@ def test_a_profile_of_a_long_rhythm_lets_opportunistic_work_run_while_production
     before. Paused throughout, these profiles held opportunistic work for 2.8-4.9 s."""
     r = settled(harm=0.1, lag_s=0.6, rhythm=Rhythm(busy_s, host_s))
     truth = Rhythm(busy_s, host_s).progress(r.solo)
-    began, ran, seen = None, 0.0, []
-    for _ in range(round(200 / DT)):
-        b = r.run(DT)
-        if b.state == "profile":
-            began = r.t if began is None else began
-            ran += DT if b.rate else 0.0
-        elif began is not None:
-            seen.append((round(r.t - began, 1), round(ran, 1), round(b.solo / truth, 4)))
-            began, ran = None, 0.0
+    seen = profiles(r, 200)
     lead = FastController.IDLE_S + FastController.SETTLE_S + FastController.DECIDE_S + 2 * DT
     assert len(seen) >= 3, seen
-    assert all(ran >= host_s - lead - 1e-9 and abs(solo - 1) < 0.01 for _, ran, solo in seen), \
-        f"(length, opportunistic work running, figure / truth) of each profile: {seen}"
+    assert all(p.running >= host_s - lead - 1e-9 and abs(p.solo / truth - 1) < 0.01 for p in seen), \
+        [(p.length, round(p.running, 1), round(p.solo / truth, 4)) for p in seen]
 
 
 @pytest.mark.parametrize("busy_s, host_s", [(0.2, 3.0), (0.4, 2.0)])

@@ -774,7 +774,7 @@ class FastController:
         was cut twice, 6.5 s apart (a decision needs two of its iterations), and profiled
         18 s after the fall: opportunistic work had 0.37-0.49 of what is allowed over the
         40 s after it in the controller rig."""
-        if run is not None or self.window.span <= self.WINDOW_S or self.figure_work is None:
+        if run is not None or not self._window_grown() or self.figure_work is None:
             return None
         figure, work = self.figure_work
         done = self.window.iteration_blocks()
@@ -1050,6 +1050,11 @@ class FastController:
             self.long_span = max(self.LONG_WINDOW_S, self.WINDOW_RHYTHMS * rhythm)
         return self.long_span if s.t - self.long_rhythm_at < self.long_span else self.WINDOW_S
 
+    def _window_grown(self) -> bool:
+        """Whether production's rhythm grew the window (`_span`: over 0.75 s on its host
+        every iteration), which the rules for a long rhythm ask."""
+        return self.window.span > self.WINDOW_S
+
     def _data_s(self) -> float:
         """The data a decision, or production's figure measured alone, needs since the
         last change: MIN_DATA_S, or two of its iterations where they take longer."""
@@ -1090,7 +1095,7 @@ class FastController:
             return False
         if timed is not None:
             return True
-        counted_after = self.window.span if self.window.span > self.WINDOW_S else self._two_iterations_s()
+        counted_after = self.window.span if self._window_grown() else self._two_iterations_s()
         return t - since >= counted_after - 1e-9
 
     def _held(self, t: float, o: float, long_o: float, rhythm: float) -> None:
@@ -1130,7 +1135,7 @@ class FastController:
         change (0.655-0.682 after the falls of 30 %), 0.915 now (0.835-0.892), production's
         progress the same in each case. Production back sooner (its spell shorter than the
         shortest of those gone by) restarts the profile's measure (`step`)."""
-        if self.window.span <= self.WINDOW_S or self.window.quiet_s() < self.IDLE_S - 1e-9:
+        if not self._window_grown() or self.window.quiet_s() < self.IDLE_S - 1e-9:
             return False
         rhythm = self._rhythm(s)
         return rhythm > 0 and self._due_back_in(rhythm) > self.DECIDE_S + 1e-9
@@ -1169,7 +1174,7 @@ class FastController:
         once. A profile that has `waited` a window's span comes at once: tgsd's quiet time
         counts from production's last launch, so a job whose queued work runs on after it
         may seem due back only between two decisions, every iteration."""
-        if self.window.span <= self.WINDOW_S or waited > self.window.span:
+        if not self._window_grown() or waited > self.window.span:
             return True
         return rhythm > 0 and -1e-9 <= self._due_back_in(rhythm) <= self.DECIDE_S + 1e-9
 

@@ -97,14 +97,18 @@ class BadSetting(ValueError):
     """A TGS_BENCH_* environment variable that cannot be used; says what was expected."""
 
 
+def chosen(var: str, known: Sequence[str]) -> list[str]:
+    """The names an environment variable picks (a comma list of some of `known`, in the
+    order given), else all of `known`."""
+    wanted = [c.strip() for c in os.environ.get(var, ",".join(known)).split(",") if c.strip()]
+    if not wanted or any(c not in known for c in wanted):
+        raise BadSetting(f"{var}={os.environ.get(var)!r}: expected a comma list of {', '.join(known)}")
+    return wanted
+
+
 def controllers() -> list[str]:
     """The controllers a benchmark compares: TGS_BENCH_CONTROLLERS (a comma list), else both."""
-    wanted = [c.strip() for c in os.environ.get("TGS_BENCH_CONTROLLERS", ",".join(CONTROLLERS)).split(",") if c.strip()]
-    unknown = [c for c in wanted if c not in CONTROLLERS]
-    if unknown or not wanted:
-        raise BadSetting(f"TGS_BENCH_CONTROLLERS={os.environ.get('TGS_BENCH_CONTROLLERS')!r}: "
-                         f"expected a comma list of {', '.join(CONTROLLERS)}")
-    return wanted
+    return chosen("TGS_BENCH_CONTROLLERS", CONTROLLERS)
 
 
 SHIM_LOG_LEVELS = ("error", "warn", "info", "debug")

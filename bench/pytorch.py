@@ -10,7 +10,12 @@ in TGS containers of their class, tgsd of our own with a memory budget far below
 card's), TGS fast with the in-flight bound kept at two (`inflight_deepest = 2`: what
 the bound's deepening does for the pair), and kept at eight (`inflight = inflight_deepest =
 8`: what a deeper queue itself does for it, without tgsd's trials); each TGS setting in
-two windows (one when quick), in turn with the others. Figures: production / exclusive,
+two windows (one when quick), in turn with the others; and TGS fast beside a ResNet-50 whose
+data loader keeps it on its host 2 s a step (a rhythm of its own: tgsd learns it from
+production's idle spells and lets opportunistic work run while it is away), against that
+job alone, over windows twice as long. TGS_BENCH_PYTORCH_SETTINGS=a,b picks settings by
+their short names (co-execution, mps, fast, bound-two, bound-eight, slow-loader; default
+all). Figures: production / exclusive,
 opportunistic / exclusive, share of idle time (opportunistic ratio / (1 - production's
 duty)), a TGS setting's the mean of its windows, with each window's share; and, for
 each TGS window, what tgsd showed (`tgs status` every 0.5 s): how much of each second production's shims counted it
@@ -24,7 +29,9 @@ import time
 from pathlib import Path
 
 from bench import mps
-from bench.common import Echo, Outputs, machine, table
+from dataclasses import dataclass, field
+
+from bench.common import Echo, Outputs, chosen, machine, table
 from bench.lab import ControllerTrace, Job, Lab
 
 HERE = Path(__file__).resolve().parent
@@ -65,13 +72,15 @@ def window(jobs: dict[str, Job], seconds: float, timeout: float = 240,
 
 
 def run(echo: Echo = print, quick: bool = False, json_path: Path | None = None) -> dict:
+    picked = chosen("TGS_BENCH_PYTORCH_SETTINGS", list(SHORT))
     try:
         import torch  # noqa: F401
     except ImportError:
         raise SystemExit("tgs bench pytorch needs PyTorch (pip install torch) and an NVIDIA GPU")
     seconds = 8 if quick else 20
-    gap_ms = 40.0
+    gap_ms = GAP_MS
     long = 1000  # the jobs run until the window is measured
+    tgs = {name: t for name, t in TGS_SETTINGS.items() if t.short in picked}
     res: dict = {}
     with Lab() as lab:
         if not lab.real:
@@ -85,12 +94,18 @@ def run(echo: Echo = print, quick: bool = False, json_path: Path | None = None) 
              f" gpt2 {res['excl_opp']:.2f} it/s")
         # Production's duty alone: the GPU's share of one step with the gap.
         duty = min(1.0, res["excl_prod"] / res["excl_prod_nogap"])
-        r = window({"prod": lab.run(argv("resnet50", long, gap_ms), "co-prod"),
-                    "opp": lab.run(argv("gpt2", long, 0, 8), "co-opp")}, seconds)
-        res["co-execution"] = r
-        echo(f"  co-execution: {r}")
+        for host_ms in sorted({t.host_ms for t in tgs.values()} - {gap_ms}):
+            res[f"excl_prod_host_{host_ms:g}"] = window(
+                {"prod": lab.run(argv("resnet50", long, host_ms), f"excl-prod-host-{host_ms:g}")},
+                seconds * LONG_WINDOWS)["prod"]
+            echo(f"  resnet50 on its host {host_ms:g} ms a step: {res[f'excl_prod_host_{host_ms:g}']:.3f} it/s")
+        if "co-execution" in picked:
+            r = window({"prod": lab.run(argv("resnet50", long, gap_ms), "co-prod"),
+                        "opp": lab.run(argv("gpt2", long, 0, 8), "co-opp")}, seconds)
+            res["co-execution"] = r
+            echo(f"  co-execution: {r}")
         res["mps_percent"] = mps.opportunistic_percent(duty)
-        res["mps_not_run"] = mps.unavailable(lab.real)
+        res["mps_not_run"] = mps.unavailable(lab.real) if "mps" in picked else "not in TGS_BENCH_PYTORCH_SETTINGS"
         if res["mps_not_run"] is None:
             try:
                 keep = os.environ.get("TGS_BENCH_LOGS")
@@ -105,18 +120,22 @@ def run(echo: Echo = print, quick: bool = False, json_path: Path | None = None) 
         if res["mps_not_run"]:
             echo(f"  MPS: not run, {res['mps_not_run']}")
     for i in range(1 if quick else WINDOWS):
-        for name, control in TGS_SETTINGS.items():
-            with Lab(tgsd={"control": {"controller": "fast", **control}}) as lab:
+        for name, t in tgs.items():
+            if i >= t.windows:
+                continue
+            long_rhythm = t.host_ms != gap_ms
+            with Lab(tgsd={"control": {"controller": "fast", **t.control}}) as lab:
                 prod_c, opp_c = lab.container("production"), lab.container("opportunistic")
-                jobs = {"prod": lab.run(argv("resnet50", long, gap_ms), "tgs-prod", prod_c),
+                jobs = {"prod": lab.run(argv("resnet50", long, t.host_ms), "tgs-prod", prod_c),
                         "opp": lab.run(argv("gpt2", long, 0, 8), "tgs-opp", opp_c)}
-                time.sleep(0 if quick else 5)  # let the controller profile production first
+                # let the controller profile production first (and learn a long rhythm)
+                time.sleep((0 if quick else 5) * (2 if long_rhythm else 1))
                 with lab.trace() as trace:
-                    r = window(jobs, seconds, trace=trace)
+                    r = window(jobs, seconds * (LONG_WINDOWS if long_rhythm else 1), trace=trace)
                 res.setdefault(f"{name}_windows", []).append(r)
                 res.setdefault(f"{name}_tgsd", []).append(trace.summary())
                 echo(f"  TGS {name}, window {i + 1}: {r}; tgsd: {ControllerTrace.describe(res[f'{name}_tgsd'][-1])}")
-    for name in TGS_SETTINGS:
+    for name in tgs:
         each = res[f"{name}_windows"]
         res[name] = {k: sum(w[k] for w in each) / len(each) for k in ("prod", "opp")}
     result, md = report(res, duty, gap_ms, quick)
@@ -124,16 +143,34 @@ def run(echo: Echo = print, quick: bool = False, json_path: Path | None = None) 
     return result
 
 
+GAP_MS = 40.0  # production's data loader: CPU time after each ResNet-50 step
+WINDOWS = 2
+LONG_WINDOWS = 2  # a window beside production on its host seconds a step is this many times as long
+
+
+@dataclass(frozen=True)
+class TgsSetting:
+    short: str                  # its name in TGS_BENCH_PYTORCH_SETTINGS
+    control: dict = field(default_factory=dict)  # tgsd's [control] beyond controller = "fast"
+    host_ms: float = GAP_MS     # production's CPU time after each step
+    windows: int = WINDOWS      # how many windows it runs in a full run (one when quick)
+
+
 # TGS as shipped; with the in-flight bound kept at the configured two (no deeper trials
 # where production holds); and kept at eight from the start (no trials either): side by
 # side, what deepening does for this pair, and whether a deeper queue helps or slows it.
-# Each runs WINDOWS times (once when quick), in turn with the others: on an H200 two
-# windows of one bound gave the opportunistic job 0.505 and 0.380 of its exclusive speed
-# (2026-11-27), more than the bound changed it
-WINDOWS = 2
-TGS_SETTINGS = {"fast": {}, "fast, bound kept at two": {"inflight_deepest": 2},
-                "fast, bound kept at eight": {"inflight": 8, "inflight_deepest": 8}}
+# Each runs its windows (once when quick) in turn with the others: on an H200 two windows
+# of one bound gave the opportunistic job 0.505 and 0.380 of its exclusive speed
+# (2026-11-27), more than the bound changed it. Last, TGS as shipped beside production
+# whose data loader takes 2 s a step: a long rhythm (docs/daemon.md), one window twice as long.
+TGS_SETTINGS = {
+    "fast": TgsSetting("fast"),
+    "fast, bound kept at two": TgsSetting("bound-two", {"inflight_deepest": 2}),
+    "fast, bound kept at eight": TgsSetting("bound-eight", {"inflight": 8, "inflight_deepest": 8}),
+    "fast, production 2 s on its host a step": TgsSetting("slow-loader", host_ms=2000, windows=1),
+}
 SETTINGS = ("co-execution", "mps", *TGS_SETTINGS)
+SHORT = {"co-execution": "co-execution", "mps": "mps", **{t.short: name for name, t in TGS_SETTINGS.items()}}
 
 
 def report(res: dict, duty: float, gap_ms: float, quick: bool) -> tuple[dict, str]:
@@ -141,12 +178,17 @@ def report(res: dict, duty: float, gap_ms: float, quick: bool) -> tuple[dict, st
     ran (a TGS setting's figures the mean of its windows, each window's share of the idle
     time beside them); where the MPS baseline did not, the text says why."""
     rows, summary = [], {}
-
-    def share(rates: dict) -> float:
-        return rates["opp"] / res["excl_opp"] / (1 - duty) if duty < 1 else float("nan")
-
     for name in [n for n in SETTINGS if n in res]:
-        p = res[name]["prod"] / res["excl_prod"]
+        # production against itself alone with the same time on its host, and the idle
+        # time that leaves
+        host_ms = TGS_SETTINGS[name].host_ms if name in TGS_SETTINGS else gap_ms
+        excl = res["excl_prod"] if host_ms == gap_ms else res[f"excl_prod_host_{host_ms:g}"]
+        its_duty = duty if host_ms == gap_ms else min(1.0, excl / res["excl_prod_nogap"])
+
+        def share(rates: dict) -> float:
+            return rates["opp"] / res["excl_opp"] / (1 - its_duty) if its_duty < 1 else float("nan")
+
+        p = res[name]["prod"] / excl
         o = res[name]["opp"] / res["excl_opp"]
         idle = share(res[name])
         summary[name] = {"production_ratio": round(p, 3), "opportunistic_ratio": round(o, 3),
@@ -166,6 +208,9 @@ def report(res: dict, duty: float, gap_ms: float, quick: bool) -> tuple[dict, st
                    "share in each window"], rows)
           + f"\n\nExclusive: ResNet-50 {res['excl_prod']:.2f} it/s (batch 64), GPT-2-small-sized "
           f"{res['excl_opp']:.2f} it/s (batch 8 x 512 tokens). "
+          + "".join(f"ResNet-50 on its host {t.host_ms / 1000:g} s a step: {res[f'excl_prod_host_{t.host_ms:g}']:.3f} "
+                    f"it/s (duty {res[f'excl_prod_host_{t.host_ms:g}'] / res['excl_prod_nogap']:.3f}), the row "
+                    f"{name!r} against it. " for name, t in TGS_SETTINGS.items() if name in res and t.host_ms != gap_ms)
           + (f"MPS baseline not run: {res['mps_not_run']}." if res.get("mps_not_run") else
              "MPS: production at normal priority with every SM, opportunistic at below-normal priority "
              "(CUDA_MPS_CLIENT_PRIORITY=1) on the idle share of the SMs (CUDA_MPS_ACTIVE_THREAD_PERCENTAGE), "

@@ -219,6 +219,11 @@ def test_the_controllers_to_compare_come_from_the_environment_and_a_typo_stops_t
         out = CliRunner().invoke(bench_cmd, [name])
         assert out.exit_code == 1 and "TGS_BENCH_CONTROLLERS='fats': expected" in out.output, out.output
         assert "solo" not in out.output
+    # the pytorch benchmark's settings likewise, told before it looks for PyTorch
+    monkeypatch.setenv("TGS_BENCH_PYTORCH_SETTINGS", "fast,slow-loadr")
+    out = CliRunner().invoke(bench_cmd, ["pytorch"])
+    assert out.exit_code == 1 and "TGS_BENCH_PYTORCH_SETTINGS='fast,slow-loadr': expected a comma list of " \
+        "co-execution, mps, fast, bound-two, bound-eight, slow-loader" in out.output, out.output
 
 
 def test_the_shims_log_level_is_checked_before_anything_runs_and_their_logs_are_kept(monkeypatch, tmp_path, libshim):
@@ -414,6 +419,13 @@ def test_the_pytorch_table_has_the_mps_row_when_it_ran_and_says_why_when_not():
     assert result["summary"]["fast, bound kept at two"]["idle_share_windows"] == [0.6, 0.4]
     assert "| fast, bound kept at two | 0.980                  | 0.300                     | 0.500" \
            "              | 0.600 / 0.400" in md
+    # production on its host 2 s a step: against itself alone so, its idle time that job's
+    res.update({"excl_prod_nogap": 35.0, "excl_prod_host_2000": 0.49,
+                "fast, production 2 s on its host a step": {"prod": 0.48, "opp": 20.0}})
+    result, md = report(res, duty=0.4, gap_ms=40, quick=False)
+    assert result["summary"]["fast, production 2 s on its host a step"] == {
+        "production_ratio": 0.98, "opportunistic_ratio": 0.8, "idle_share": 0.811}  # duty 0.014
+    assert "ResNet-50 on its host 2 s a step: 0.490 it/s (duty 0.014)" in md
 
 
 def test_oversubscription_s_multiple_of_co_execution_comes_from_the_rates_not_the_rounded_ratios():

@@ -29,6 +29,8 @@ HELP = ("Run benchmark NAME side by side in one run, and write JSON, a Markdown 
         + "\n\nOn a machine with an NVIDIA GPU the GPU benchmarks use it, else simgpu.\n\n\b\n"
         "Environment:\n"
         "TGS_BENCH_CONTROLLERS=fast  isolation and dynamics run only these (default tgs-paper,fast)\n"
+        "TGS_BENCH_PYTORCH_SETTINGS=fast,slow-loader  pytorch runs only these (default co-execution,mps,fast,\n"
+        "                            bound-two,bound-eight,slow-loader)\n"
         "TGS_BENCH_LOGS=DIR          keep each benchmark tgsd's log there, and its jobs' stderr\n"
         "TGS_BENCH_SHIM_LOG=debug    the TGS containers' shims log at this level (default error)\n"
         "TGS_BENCH_BUDGET=24G        the benchmark tgsd's memory budget on a real GPU\n"

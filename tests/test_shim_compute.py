@@ -389,6 +389,29 @@ def test_at_debug_level_a_launch_held_back_says_why(simgpu, container, libshim):
     assert 1000 <= float(held[-1][1]) <= 1600, held
 
 
+def test_a_reading_that_production_s_time_slices_went_into_does_not_lengthen_a_kernel(simgpu, container, libshim):
+    """simgpu shares its engine between contexts in 2 ms time slices, as a GPU does: an
+    opportunistic 2.5 ms kernel in flight (four in flight, gated, not anticipating) when
+    production's work arrives is timed with production's slices in it, 4.5 ms. Such a
+    reading (production busy at the read, or the process's work running beside it while
+    a launch waited) is left out where it is longer than the length known: the process's
+    estimate, once at 2.5 ms, went back to 4.5 ms in each of 3 runs before, and stayed in
+    3 of 3 after (only its first readings, before anything was known, may be long)."""
+    prod = container(proto.Class.PRODUCTION, "prod")
+    opp = container(proto.Class.OPPORTUNISTIC, "opp")
+    opp.control.set_budget(0, rate=proto.RATE_UNLIMITED, inflight=4, gate=True)
+    p = simgpu.workload(dataclasses.replace(HALF, seconds=6), "prod", prod.env(libshim.shim))
+    o = simgpu.workload(dataclasses.replace(GPU_BOUND, kernel_us=2500, seconds=6), "opp",
+                        {**opp.env(libshim.shim), "TGS_LOG_LEVEL": "debug"})
+    assert o.wait() == 0, o.stderr
+    p.wait()
+    estimates = [float(x) for x in re.findall(r"its kernels run ([\d.]+) us", o.stderr)]
+    known = next((i for i, us in enumerate(estimates) if us < 2750), None)
+    assert known is not None, f"the estimate never came to 2.5 ms: {estimates}"
+    assert max(estimates[known:]) < 3750, f"a reading with production's time in it lengthened it: {estimates}"
+    assert re.search(r"\d+ timings of its kernels were left out as longer than known", o.stderr), o.stderr[-2000:]
+
+
 def iteration_marks(control, seconds: float) -> list[tuple[int, int, int]]:
     """The iteration starts a production container's shims mark on GPU 0 over `seconds`,
     as tgsd reads them (every 50 ms), each once."""

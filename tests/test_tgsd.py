@@ -949,17 +949,24 @@ def test_opportunistic_kernels_keep_clear_of_production_s_next_iteration(simgpu,
     assert got["opp"] >= 0.75 * idle, f"opportunistic got {got['opp']:.2f} s of the engine; idle was {idle:.2f} s"
 
 
-def test_an_opportunistic_job_whose_kernels_read_long_still_gets_the_idle_time(simgpu, tgsd, libshim):
+@pytest.mark.parametrize("kernel_us,kernels,least,wait_ms", [(50, 1000, 0.6, 0.15), (1500, 20, 0.2, 0.3)],
+                         ids=["50us", "1.5ms"])
+def test_an_opportunistic_job_whose_kernels_read_long_still_gets_the_idle_time(simgpu, tgsd, libshim, kernel_us,
+                                                                               kernels, least, wait_ms):
     """Every event timing of the opportunistic job reads four times too long
     (SIMGPU_FAULT=long-timings): its 50 us kernels are expected to run 200 us. Launching
     1,000 of them between synchronisations, it expected its queue to end further ahead with
     each launch, and anticipation held it back for work long done: it got 0.25 of
     production's idle time here. The batches of the in-flight bound, found done, bring that
-    expectation back to the GPU: 0.80-0.90 (9 runs)."""
+    expectation back to the GPU: 0.80-0.90 (9 runs). Its 1.5 ms kernels, expected to run
+    6 ms, hold it back most: there a launch held back by anticipation first takes the
+    batches done out of the ring (the bound, which alone did that before, is not reached
+    by a job held back): 0.26-0.47 of the idle time in 12 runs, against 0.15-0.16 in 5
+    (0.86-0.87 against 0.90-0.91 for the 50 us kernels, 2 runs each)."""
     d = tgsd()
     prod, opp = d.register("production"), d.register("opportunistic")
     p = simgpu.workload(HALF, "prod", prod.env(libshim.shim))
-    o = simgpu.workload(Workload(kernel_us=50, kernels=1000, seconds=9, report_s=0.5), "opp",
+    o = simgpu.workload(Workload(kernel_us=kernel_us, kernels=kernels, seconds=9, report_s=0.5), "opp",
                         {**opp.env(libshim.shim), "SIMGPU_FAULT": "long-timings"})
     simgpu.wait_for_contexts(["prod", "opp"])
     time.sleep(3)
@@ -970,9 +977,9 @@ def test_an_opportunistic_job_whose_kernels_read_long_still_gets_the_idle_time(s
     iterations = sim.between(before, after, "kernels")["prod"] / HALF.kernels
     waited = sim.between(before, after, "waited_ns")["prod"] / 1e9
     assert iterations > 100, f"production ran {iterations} iterations in 4 s"
-    assert waited / iterations < 0.15e-3, f"production waited {waited / iterations * 1e3:.3f} ms per iteration"
+    assert waited / iterations < wait_ms * 1e-3, f"production waited {waited / iterations * 1e3:.3f} ms per iteration"
     idle = 4 - got["prod"]
-    assert got["opp"] >= 0.6 * idle, f"opportunistic got {got['opp']:.2f} s of the engine; idle was {idle:.2f} s"
+    assert got["opp"] >= least * idle, f"opportunistic got {got['opp']:.2f} s of the engine; idle was {idle:.2f} s"
 
 
 def test_each_production_process_is_anticipated(simgpu, tgsd, libshim):

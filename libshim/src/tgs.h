@@ -120,7 +120,7 @@ struct tgs_gpu { /* one control-block GPU slot, as this process sees it */
                                               one word, one atomic add a launch (compute.c) */
     uintptr_t timed_fn;                    /* the kernel being timed */
     uint64_t timed_blocks;
-    uint64_t timed_gated_ns;               /* its process's gated_ns when its timer started */
+    uint64_t timed_overlap_ns;             /* its process's overlap_ns when its timer started */
     CUevent timer[2];                      /* opportunistic: times one kernel in time_every */
     CUcontext timer_ctx;
     unsigned timer_gen;

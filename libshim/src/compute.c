@@ -414,7 +414,10 @@ struct kernel_known {
     int twice, recheck;
 };
 
-static struct kernel_known kernel_known(struct tgs_gpu *g, uintptr_t fn, uint64_t blocks) {
+/* Inlined: called on every timed-or-bounded launch (and once per reading), where a call
+ * returning the struct through memory cost a launch about 25 instructions. */
+static inline __attribute__((always_inline)) struct kernel_known kernel_known(struct tgs_gpu *g, uintptr_t fn,
+                                                                              uint64_t blocks) {
     struct kernel_known kn = {0, 0, 0, 0};
     const struct tgs_kernel_length *k = kernel_slot(g, fn, blocks, 0);
     if (k) {
@@ -572,7 +575,7 @@ static int inflight_wait(struct tgs_gpu *g, uint64_t bound, uint64_t cost) {
  * expected to end 75-81 ms ahead of its work while it waited 0.24 s/s anticipating
  * production beside ResNet-50 (2026-11-29). One event query per batch; none where
  * another thread holds the lock. */
-static void queue_end_refresh(struct tgs_gpu *g) {
+__attribute__((noinline)) static void queue_end_refresh(struct tgs_gpu *g) {
     if (!g->ev_count || pthread_mutex_trylock(&g->inflight_lock))
         return;
     while (g->ev_count && REAL(cuEventQuery)(g->ev[g->ev_head]) != CUDA_ERROR_NOT_READY)

@@ -473,21 +473,37 @@ static int inflight_batch_done(uint64_t work, unsigned kernels, uint64_t bound) 
     return work >= bound / 4 || kernels >= TGS_INFLIGHT_RING / 2;
 }
 
+/* What a debug line sums up over a second: `n` events since `since`, and a figure of them
+ * (a total or the largest). */
+struct per_second {
+    uint64_t since, n, ns;
+};
+
+/* Counts one event at `now`; 1 when a second has passed since the first counted (then the
+ * caller logs p's sums, and starts them again with per_second_restart). */
+static int per_second_count(struct per_second *p, uint64_t now) {
+    p->n++;
+    if (!p->since)
+        p->since = now;
+    return now >= p->since + 1000000000ull;
+}
+
+static void per_second_restart(struct per_second *p, uint64_t now) {
+    p->since = now;
+    p->n = p->ns = 0;
+}
+
 /* At debug level, once a second at most per process: how far its expected queue end moved
  * back since the last such line. */
 __attribute__((noinline)) static void queue_end_log(uint64_t by, uint64_t now) {
-    static uint64_t since, moved, moves;
-    moved += by;
-    moves++;
-    if (!since)
-        since = now;
-    if (now < since + 1000000000ull)
+    static struct per_second moved;
+    moved.ns += by;
+    if (!per_second_count(&moved, now))
         return;
     tgs_log(TGS_LOG_DEBUG, "in %.2f s its queue's expected end moved back %.2f ms in all: %llu batches of its kernels "
-            "were done before they were expected to end", (double)(now - since) / 1e9, (double)moved / 1e6,
-            (unsigned long long)moves);
-    since = now;
-    moved = moves = 0;
+            "were done before they were expected to end", (double)(now - moved.since) / 1e9, (double)moved.ns / 1e6,
+            (unsigned long long)moved.n);
+    per_second_restart(&moved, now);
 }
 
 /* The kernels launched since the last event and their cost share one word (the count in
@@ -771,21 +787,17 @@ static void kernel_length_note(struct tgs_gpu *g, uintptr_t fn, uint64_t blocks,
     fn_length_note(g, fn, blocks, ns);
 }
 
-/* At debug level, once a second at most per process: how many timings were left out as
- * shared with production (timer_read_now). */
-__attribute__((noinline)) static void shared_timing_log(uint64_t ns, uint64_t now) {
-    static uint64_t since, left, longest;
-    left++;
-    longest = ns > longest ? ns : longest;
-    if (!since)
-        since = now;
-    if (now < since + 1000000000ull)
+/* At debug level, once a second at most per process: how many readings were left out
+ * (shared_and_longer), and the longest. */
+__attribute__((noinline)) static void left_out_log(uint64_t ns, uint64_t now) {
+    static struct per_second left;
+    left.ns = ns > left.ns ? ns : left.ns;
+    if (!per_second_count(&left, now))
         return;
     tgs_log(TGS_LOG_DEBUG, "in %.2f s %llu timings of its kernels were left out as longer than known, production's work having "
-            "perhaps run while they were timed (the longest %.1f us)", (double)(now - since) / 1e9, (unsigned long long)left,
-            (double)longest / 1e3);
-    since = now;
-    left = longest = 0;
+            "perhaps run while they were timed (the longest %.1f us)", (double)(now - left.since) / 1e9,
+            (unsigned long long)left.n, (double)left.ns / 1e3);
+    per_second_restart(&left, now);
 }
 
 /* Whether a reading of t ns may have production's time in it and is longer than what
@@ -825,7 +837,7 @@ __attribute__((noinline)) static void timer_read_now(struct tgs_gpu *g, uint64_t
     uint64_t t = read ? (uint64_t)((double)ms * 1e6) : 0;
     if (read && shared_and_longer(g, t)) {
         if (tgs_log_level >= TGS_LOG_DEBUG)
-            shared_timing_log(t, now);
+            left_out_log(t, now);
     } else if (read) {
         g->timed_ns[g->ntimed++ % TGS_TIMED] = t;
         unsigned n = g->ntimed < TGS_TIMED ? g->ntimed : TGS_TIMED;
@@ -1080,8 +1092,20 @@ __attribute__((noinline)) static void held_log(const struct held *h, uint64_t k)
             (double)h->ahead / 1e6, due);
 }
 
+/* When anticipation holds a kernel of k ns back until (0: it goes now). Where its own
+ * queue is expected to end ahead, the hold is decided again on the batches done by now
+ * (queue_end_refresh). */
+__attribute__((noinline)) static uint64_t anticipation_holds(struct tgs_gpu *g, uint64_t now, uint64_t k) {
+    uint64_t until = hold_back_until(g, now, k);
+    if (until && g->queue_end_ns > now) {
+        queue_end_refresh(g);
+        until = hold_back_until(g, now, k);
+    }
+    return until;
+}
+
 static int must_hold_back(struct tgs_gpu *g, uint64_t now, int anticipate, uint64_t k) {
-    return must_wait_for_production(g, now) || (anticipate && hold_back_until(g, now, k));
+    return must_wait_for_production(g, now) || (anticipate && anticipation_holds(g, now, k));
 }
 
 struct launch {
@@ -1126,8 +1150,7 @@ static uint64_t opportunistic_admit(struct tgs_gpu *g, struct launch *L, CUstrea
         for (;;) {
             if (must_wait_for_production(g, now)) {
                 wait_for_production(g, now, s);
-            } else if (anticipate && (until = hold_back_until(g, now, k)) &&
-                       (g->queue_end_ns <= now || (queue_end_refresh(g), until = hold_back_until(g, now, k)))) {
+            } else if (anticipate && (until = anticipation_holds(g, now, k))) {
                 if (!held.from && tgs_log_level >= TGS_LOG_DEBUG)
                     held_first(g, &held, now);
                 tgs_sleep_until(until);

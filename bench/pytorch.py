@@ -95,10 +95,10 @@ def run(echo: Echo = print, quick: bool = False, json_path: Path | None = None) 
         # Production's duty alone: the GPU's share of one step with the gap.
         duty = min(1.0, res["excl_prod"] / res["excl_prod_nogap"])
         for host_ms in sorted({t.host_ms for t in tgs.values()} - {gap_ms}):
-            res[f"excl_prod_host_{host_ms:g}"] = window(
+            res[alone_key(host_ms)] = window(
                 {"prod": lab.run(argv("resnet50", long, host_ms), f"excl-prod-host-{host_ms:g}")},
                 seconds * LONG_WINDOWS)["prod"]
-            echo(f"  resnet50 on its host {host_ms:g} ms a step: {res[f'excl_prod_host_{host_ms:g}']:.3f} it/s")
+            echo(f"  resnet50 on its host {host_ms:g} ms a step: {res[alone_key(host_ms)]:.3f} it/s")
         if "co-execution" in picked:
             r = window({"prod": lab.run(argv("resnet50", long, gap_ms), "co-prod"),
                         "opp": lab.run(argv("gpt2", long, 0, 8), "co-opp")}, seconds)
@@ -173,6 +173,21 @@ SETTINGS = ("co-execution", "mps", *TGS_SETTINGS)
 SHORT = {"co-execution": "co-execution", "mps": "mps", **{t.short: name for name, t in TGS_SETTINGS.items()}}
 
 
+def alone_key(host_ms: float) -> str:
+    """Where `res` keeps production's rate alone on its host `host_ms` a step (other than
+    the usual GAP_MS: that one is `excl_prod`)."""
+    return f"excl_prod_host_{host_ms:g}"
+
+
+def alone(res: dict, duty: float, host_ms: float, gap_ms: float) -> tuple[float, float]:
+    """Production's rate alone with `host_ms` on its host a step, and its duty then (the GPU's
+    share of a step: that rate against the rate with no gap)."""
+    if host_ms == gap_ms:
+        return res["excl_prod"], duty
+    rate = res[alone_key(host_ms)]
+    return rate, min(1.0, rate / res["excl_prod_nogap"])
+
+
 def report(res: dict, duty: float, gap_ms: float, quick: bool) -> tuple[dict, str]:
     """The result and its Markdown table from the measured rates: a row per setting that
     ran (a TGS setting's figures the mean of its windows, each window's share of the idle
@@ -181,9 +196,7 @@ def report(res: dict, duty: float, gap_ms: float, quick: bool) -> tuple[dict, st
     for name in [n for n in SETTINGS if n in res]:
         # production against itself alone with the same time on its host, and the idle
         # time that leaves
-        host_ms = TGS_SETTINGS[name].host_ms if name in TGS_SETTINGS else gap_ms
-        excl = res["excl_prod"] if host_ms == gap_ms else res[f"excl_prod_host_{host_ms:g}"]
-        its_duty = duty if host_ms == gap_ms else min(1.0, excl / res["excl_prod_nogap"])
+        excl, its_duty = alone(res, duty, TGS_SETTINGS[name].host_ms if name in TGS_SETTINGS else gap_ms, gap_ms)
 
         def share(rates: dict) -> float:
             return rates["opp"] / res["excl_opp"] / (1 - its_duty) if its_duty < 1 else float("nan")
@@ -208,9 +221,9 @@ def report(res: dict, duty: float, gap_ms: float, quick: bool) -> tuple[dict, st
                    "share in each window"], rows)
           + f"\n\nExclusive: ResNet-50 {res['excl_prod']:.2f} it/s (batch 64), GPT-2-small-sized "
           f"{res['excl_opp']:.2f} it/s (batch 8 x 512 tokens). "
-          + "".join(f"ResNet-50 on its host {t.host_ms / 1000:g} s a step: {res[f'excl_prod_host_{t.host_ms:g}']:.3f} "
-                    f"it/s (duty {res[f'excl_prod_host_{t.host_ms:g}'] / res['excl_prod_nogap']:.3f}), the row "
-                    f"{name!r} against it. " for name, t in TGS_SETTINGS.items() if name in res and t.host_ms != gap_ms)
+          + "".join(f"ResNet-50 on its host {t.host_ms / 1000:g} s a step: {alone(res, duty, t.host_ms, gap_ms)[0]:.3f} "
+                    f"it/s (duty {alone(res, duty, t.host_ms, gap_ms)[1]:.3f}), the row {name!r} against it. "
+                    for name, t in TGS_SETTINGS.items() if name in res and t.host_ms != gap_ms)
           + (f"MPS baseline not run: {res['mps_not_run']}." if res.get("mps_not_run") else
              "MPS: production at normal priority with every SM, opportunistic at below-normal priority "
              "(CUDA_MPS_CLIENT_PRIORITY=1) on the idle share of the SMs (CUDA_MPS_ACTIVE_THREAD_PERCENTAGE), "

@@ -449,6 +449,26 @@ def test_production_marks_each_iteration_start_for_tgsd_to_time(simgpu, containe
     assert p1 - p0 <= 0.05 * (t1 - t0), f"a steady job paused {(p1 - p0) / 1e6:.1f} ms of {(t1 - t0) / 1e6:.0f}"
 
 
+def test_a_workload_that_syncs_before_its_host_work_idles_inside_each_iteration(simgpu, container, libshim):
+    """`tgs-workload --host-sync` (a framework whose event query finds the GPU caught up in
+    mid-step): the GPU idles through the host work inside each iteration, and the
+    production shim sees it, marking an iteration start after it as after the gap between
+    iterations: two marks an iteration, one after each half of its kernels."""
+    prod = container(proto.Class.PRODUCTION, "prod")
+    job = dataclasses.replace(HALF, host_us=2000, host_sync=True)
+    p = simgpu.workload(job, "prod", prod.env(libshim.shim))
+    simgpu.wait_for_contexts(["prod"])
+    time.sleep(0.5)
+    marks = iteration_marks(prod.control, 2.0)
+    assert p.wait() == 0, p.stderr
+    half = job.kernels // 2 * BLOCKS
+    assert len(marks) >= 40 and all(blocks % half == 0 for _, blocks, _ in marks), marks[:5]
+    mid = [blocks for _, blocks, _ in marks if blocks % (2 * half)]
+    assert len(mid) >= len(marks) // 3, f"no mark after the first half of an iteration: {marks[:6]}"
+    refused = subprocess.run([str(libshim.workload), "--host-sync"], capture_output=True, text=True)
+    assert refused.returncode == 2 and "--host-sync without --host-us" in refused.stderr
+
+
 def test_production_counts_its_own_pauses_for_tgsd_to_leave_out(simgpu, container, libshim):
     """An idle spell far longer than the gaps between production's iterations (a data
     loader's stall) is a pause of the job's own: its shim counts the part beyond twice the

@@ -29,6 +29,7 @@ class Workload:
     long_us: float | None = None
     shapes: int = 1                 # kernel i of the run is on grid size i % shapes
     host_us: float = 0              # host work once the first half of an iteration's kernels is queued
+    host_sync: bool = False         # the GPU caught up before that host work: an idle spell inside each iteration
     stall_us: float = 0             # more CPU time after every stall_every-th iteration (a data loader's stall)
     stall_every: int = 0
     phase_s: float = 0              # from this far into the run ...
@@ -77,6 +78,8 @@ class Workload:
             out += ["--shapes", str(self.shapes)]
         if self.host_us:
             out += ["--host-us", f"{self.host_us:g}"]
+        if self.host_sync:
+            out.append("--host-sync")
         if self.stall_every or self.stall_us:  # one without the other: the workload says what is missing
             out += ["--stall-us", f"{self.stall_us:g}", "--stall-every", str(self.stall_every)]
         if self.phase_s or self.phase_kernels:  # (likewise)

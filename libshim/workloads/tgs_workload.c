@@ -60,11 +60,12 @@ static struct {
     double long_us;    /* -1: --kernel-us */
     long shapes;       /* kernel i of the run is on grid size i % shapes */
     double host_us;    /* host work after the first half of each iteration's kernels */
+    int host_sync;     /* the GPU caught up before that host work (an idle spell inside the iteration) */
     double stall_us;   /* more CPU time after every stall_every-th iteration */
     long stall_every;
     double phase_s;    /* from this far into the run ... */
     long phase_kernels; /* ... this many kernels per iteration (0: --kernels throughout) */
-} opt = {1000, 0, 10, 1, -1, 10, 16, 16, 0, 0, 0, 0, 0, 0, -1, 1, 0, 0, 0, 0, 0};
+} opt = {1000, 0, 10, 1, -1, 10, 16, 16, 0, 0, 0, 0, 0, 0, -1, 1, 0, 0, 0, 0, 0, 0};
 
 static double now_s(void) {
     struct timespec ts;
@@ -156,6 +157,9 @@ static void usage(FILE *f) {
             "  --host-us US     host work in each iteration once the first half of its kernels is queued,\n"
             "                   while the GPU runs them (a framework's work between launches; the\n"
             "                   thread sleeps; default 0)\n"
+            "  --host-sync      synchronise before that host work, so that the GPU idles through it: an\n"
+            "                   idle spell inside each iteration, as a framework's event query that finds\n"
+            "                   the GPU caught up (needs --host-us)\n"
             "  --stall-us US    more CPU time after every --stall-every-th iteration: a pause of the job's\n"
             "                   own, as a data loader's stall (the thread sleeps; default 0)\n"
             "  --stall-every N  (default 0: no stalls; give both or neither)\n"
@@ -206,7 +210,8 @@ static void parse(int argc, char **argv) {
         {"warmup-s", 1, 0, 'w'},  {"verify", 0, 0, 'v'},  {"managed", 0, 0, 'm'},  {"json", 0, 0, 'j'},
         {"print-ptx", 0, 0, 'P'}, {"help", 0, 0, 'h'},    {"iterations", 1, 0, 'n'}, {"long-kernels", 1, 0, 'L'},
         {"long-us", 1, 0, 'U'},   {"shapes", 1, 0, 'S'},    {"host-us", 1, 0, 'H'},   {"stall-us", 1, 0, 'T'},
-        {"stall-every", 1, 0, 'E'}, {"phase-s", 1, 0, 'A'}, {"phase-kernels", 1, 0, 'B'}, {0, 0, 0, 0}};
+        {"stall-every", 1, 0, 'E'}, {"phase-s", 1, 0, 'A'}, {"phase-kernels", 1, 0, 'B'}, {"host-sync", 0, 0, 'Y'},
+        {0, 0, 0, 0}};
     int c;
     while ((c = getopt_long(argc, argv, "h", longs, NULL)) != -1) {
         switch (c) {
@@ -228,6 +233,7 @@ static void parse(int argc, char **argv) {
         case 'E': opt.stall_every = (long)parse_num("--stall-every", optarg, 0, 1e12); break;
         case 'A': opt.phase_s = parse_num("--phase-s", optarg, 0, 1e7); break;
         case 'B': opt.phase_kernels = (long)parse_num("--phase-kernels", optarg, 1, 100000); break;
+        case 'Y': opt.host_sync = 1; break;
         case 'v': opt.verify = 1; break;
         case 'm': opt.managed = 1; break;
         case 'j': opt.json = 1; break;
@@ -244,6 +250,10 @@ static void parse(int argc, char **argv) {
     if (opt.long_kernels > opt.kernels) {
         fprintf(stderr, "tgs-workload: --long-kernels %ld: more than the %ld kernels per iteration (--kernels)\n",
                 opt.long_kernels, opt.kernels);
+        exit(2);
+    }
+    if (opt.host_sync && !opt.host_us) {
+        fprintf(stderr, "tgs-workload: --host-sync without --host-us: give the host work it waits for the GPU before\n");
         exit(2);
     }
     give_both("--phase-s", opt.phase_s, "--phase-s S: how far into the run the phase starts", "--phase-kernels",
@@ -436,8 +446,11 @@ int main(int argc, char **argv) {
             unsigned widest = (unsigned)sms + (unsigned)opt.shapes - 1;
             unsigned blocks = is_long ? 2 * widest + shape : (unsigned)sms + shape;
             CHECK(cu.LaunchKernel(step, blocks, 1, 1, 128, 1, 1, 0, NULL, args, NULL), "cuLaunchKernel");
-            if (k + 1 == (K + 1) / 2)
+            if (k + 1 == (K + 1) / 2) {
+                if (opt.host_sync)
+                    CHECK(cu.CtxSynchronize(), "cuCtxSynchronize");
                 sleep_us(opt.host_us);
+            }
         }
         CHECK(cu.CtxSynchronize(), "cuCtxSynchronize");
         it++;

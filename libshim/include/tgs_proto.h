@@ -153,8 +153,7 @@ struct tgs_shim_part {
  * shim part, whose size the header gives: older shims leave them zero, and a newer shim
  * in a container of an older daemon writes where nothing reads). A pause is the part of
  * an idle spell, from the moment production was found idle to its next launch, beyond
- * twice the shortest of its last TGS_GAPS (libshim/src/tgs.h) spells of TGS_GAP_FLOOR_NS or
- * more (a millisecond: shorter ones are no gaps), counted once it has had
+ * twice the shortest of its last TGS_GAPS (libshim/src/tgs.h) spells, counted once it has had
  * TGS_GAPS_TO_EXPECT: a data loader's
  * stall, a log written synchronously, not the gap of each of its iterations. tgsd leaves
  * them out of production's progress (docs/daemon.md): timed from one iteration start to

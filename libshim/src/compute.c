@@ -52,8 +52,7 @@ static volatile struct tgs_expectation *own_expectation(struct tgs_gpu *g, uint3
     return g->expect && slot < TGS_EXPECT_SLOTS ? &g->expect[slot] : NULL;
 }
 
-/* The launch after an idle spell: remember how long the spell was (where it `happened`,
- * and it is TGS_GAP_FLOOR_NS or longer),
+/* The launch after an idle spell: remember how long the spell was (where it `happened`),
  * count its part beyond the usual gap as a pause of production's own (tgs_proto.h,
  * tgs_gpu_pauses: a data loader's stall, which tgsd leaves out of production's progress),
  * and withdraw the expectation it raised (the GPU's gate now holds opportunistic work
@@ -63,8 +62,8 @@ static void note_gap(struct tgs_gpu *g, uint32_t slot, uint64_t now, int happene
     if (!idle)
         return;
     g->idle_ns = 0;
-    uint64_t gap = now > idle ? now - idle : 0; /* idle: another thread's clock */
-    if (happened && gap >= TGS_GAP_FLOOR_NS) {
+    if (happened) {
+        uint64_t gap = now > idle ? now - idle : 0; /* idle: another thread's clock */
         g->gaps[g->ngaps++ % TGS_GAPS] = gap;
         if (g->usual_gap_ns && gap > g->usual_gap_ns)
             __atomic_fetch_add(&g->pauses->paused_ns, gap - g->usual_gap_ns, __ATOMIC_RELAXED);

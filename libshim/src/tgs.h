@@ -73,11 +73,6 @@ struct tgs_stream_seen {
     pthread_t thread; /* the launching thread (a per-thread default stream is that thread's) */
 };
 #define TGS_GAPS 8        /* production gaps remembered to expect the next launch */
-#define TGS_GAP_FLOOR_NS 1000000ull /* ... each at least this long: a shorter idle spell is the GPU
-                          * catching up with the launching thread inside a step (a ResNet-50's
-                          * event queries found it so for 0.13-0.43 ms on an H200), not a gap
-                          * between iterations, and kept as one it hid a 2 s rhythm: the
-                          * expectation, twice the shortest of the last eight, was under 1 ms */
 #define TGS_GAPS_TO_EXPECT 3 /* ... and how many it must have seen to expect one: the shortest of
                           * three leaves out a first spell of setting up (loading data, the
                           * model), and a job on its host 1.5 s every iteration has the first three

@@ -55,6 +55,10 @@ class Job:
                     self.reports.append(report)
                     self.arrivals.append(time.monotonic())
 
+    def reported_since(self, t: float) -> bool:
+        """Whether a report came at or after monotonic moment t, or none will (it ended)."""
+        return bool(self.arrivals and self.arrivals[-1] >= t) or self.proc.poll() is not None
+
     def wait(self, timeout: float = 600) -> int:
         rc = self.proc.wait(timeout)
         self._reader.join(10)

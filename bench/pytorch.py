@@ -46,9 +46,13 @@ def argv(model: str, seconds: float, gap_ms: float = 0, batch: int | None = None
 
 
 def window(jobs: dict[str, Job], seconds: float, timeout: float = 240,
-           trace: ControllerTrace | None = None) -> dict[str, float]:
+           trace: ControllerTrace | None = None, late_s: float = 30) -> dict[str, float]:
     """Waits until every job reports, then measures each over the same wall-clock window
-    (which `trace`, if given, is told to sum up)."""
+    (which `trace`, if given, is told to sum up), once each has reported after its end
+    (up to `late_s` later): a job reports after a step, and one whose steps are long (2 s
+    on its host) or that was paused at the end (tgsd profiling production gates
+    opportunistic work for about a second) had no report there, and read NaN (TGS fast's
+    first window on the H200 on 2026-11-30, its end in a profile)."""
     deadline = time.monotonic() + timeout
     while any(not j.arrivals for j in jobs.values()):
         dead = [k for k, j in jobs.items() if j.proc.poll() is not None and not j.arrivals]
@@ -64,6 +68,9 @@ def window(jobs: dict[str, Job], seconds: float, timeout: float = 240,
     if trace is not None:
         trace.span = (w0, w1)
     time.sleep(max(0.0, w1 + 1 - time.monotonic()))
+    late = time.monotonic() + late_s
+    while not all(j.reported_since(w1) for j in jobs.values()) and time.monotonic() < late:
+        time.sleep(0.1)
     rates = {k: j.rate_between(w0, w1) for k, j in jobs.items()}
     for j in jobs.values():
         j.kill()

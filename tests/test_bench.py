@@ -45,6 +45,28 @@ def test_rate_between_interpolates_on_arrival_times():
     assert job.rate_between(9.0, 11.0) != job.rate_between(9.0, 11.0)  # before the first report: NaN
 
 
+def test_a_pytorch_window_ending_while_a_job_is_paused_waits_for_its_next_report():
+    """A job reports after a step; one paused over the window's end (opportunistic work
+    gated through a profile, a step of 2 s on its host) had no report there and the
+    window read NaN. It is measured once the job reports again: here 100 it/s, silent
+    from 2.3 s to 4.3 s after its first report, over a window ending about 2.6 s in."""
+    from bench.pytorch import window
+
+    program = ("import json, sys, time\n"
+               "t0 = time.monotonic()\n"
+               "while True:\n"
+               "    e = time.monotonic() - t0\n"
+               "    if not 2.3 <= e < 4.3:\n"
+               "        print(json.dumps({'iterations_per_s': 100, 'iterations': int(e * 100), 'kernels': 0,"
+               " 'elapsed_s': e}), flush=True)\n"
+               "    time.sleep(0.1)\n")
+    with Lab() as lab:
+        job = lab.run([sys.executable, "-c", program], "paused")
+        rate = window({"job": job}, 0.5, late_s=10)["job"]
+    assert rate == pytest.approx(100, rel=0.1)
+    assert job.arrivals[-1] - job.arrivals[0] > 4.2, "measured only after the pause"
+
+
 def test_a_window_that_ends_with_the_run_counts_its_last_iterations():
     """The last periodic report of a 7.2 s run came at 7.0 s; the summary has the totals at
     its end. A window up to the end is measured at the true rate (it lost 4 % before)."""

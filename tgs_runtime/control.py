@@ -244,7 +244,8 @@ class ActivityFile(_Mapped):
 
     def rhythm_ns(self, slot: int) -> int:
         """The idle spell a production process now expects to take at most as its rhythm:
-        twice the shortest of its recent ones (where its shim starts counting a pause,
+        twice the shortest of its recent ones, or of its spells between steps where its
+        shim knows them and a step's work is done (where its shim starts counting a pause,
         tgs_proto.h), from the expectation it wrote going idle; 0 where none stands (it
         runs, has not gone idle three times yet, or its slot has none). A read torn by the
         shim rewriting it is 0."""

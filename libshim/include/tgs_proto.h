@@ -153,7 +153,8 @@ struct tgs_shim_part {
  * shim part, whose size the header gives: older shims leave them zero, and a newer shim
  * in a container of an older daemon writes where nothing reads). A pause is the part of
  * an idle spell, from the moment production was found idle to its next launch, beyond
- * twice the shortest of its last TGS_GAPS (libshim/src/tgs.h) spells, counted once it has had
+ * twice the shortest of its last TGS_GAPS (libshim/src/tgs.h) spells (where the shim knows the
+ * job's steps, of a spell between steps beyond twice the shortest of those: compute.c), counted once it has had
  * TGS_GAPS_TO_EXPECT: a data loader's
  * stall, a log written synchronously, not the gap of each of its iterations. tgsd leaves
  * them out of production's progress (docs/daemon.md): timed from one iteration start to
@@ -186,8 +187,9 @@ struct tgs_control {
  *
  * When a production process goes idle it also says, in expect[its slot], when it expects
  * to launch again: between due_ns and due_until_ns (CLOCK_MONOTONIC), from the gaps between
- * its last idle moments and the launches that followed (due_until_ns 0: no expectation, as
- * while it runs). Only the lowest TGS_EXPECT_SLOTS slots have one (tgsd gives the lowest
+ * its last idle moments and the launches that followed, or, where it knows its steps and a
+ * step's work is done, from the spells between steps (compute.c; due_until_ns 0: no
+ * expectation, as while it runs). Only the lowest TGS_EXPECT_SLOTS slots have one (tgsd gives the lowest
  * free slot); expect_slots is one more than the highest slot that has written one, so
  * opportunistic shims read that many.
  */

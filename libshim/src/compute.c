@@ -52,31 +52,109 @@ static volatile struct tgs_expectation *own_expectation(struct tgs_gpu *g, uint3
     return g->expect && slot < TGS_EXPECT_SLOTS ? &g->expect[slot] : NULL;
 }
 
+/* ---------- production: its steps ----------
+ *
+ * A job may go idle inside a step as well as between steps: PyTorch's event queries find
+ * the GPU caught up with the launching thread for 0.1-0.4 ms while a ResNet-50 on an
+ * H200 had a data loader keep it on its host 2 s a step. Taken for its gaps, such spells
+ * made the rhythm 1 ms, each 2 s spell a pause, and each return one from idle. A spell at
+ * least TGS_STEP_SPELL times the shortest of its gaps may end a step; where the last
+ * TGS_STEPS such steps did the same work (their blocks within 1/64) and each was busy at
+ * least TGS_STEP_INSIDE times its spells inside, the job knows its steps: a spell that
+ * starts once a step's work is done is expected as long as those between steps, the
+ * others as inside ones; only the launch after a spell between steps starts an
+ * iteration, and only the part of such a spell beyond twice the shortest of them is a
+ * pause. A job whose spells are all alike, or whose long spells come after work that
+ * varies (a data loader's stall every few iterations) or end stretches of many spells
+ * of their own (a stall every 25 iterations of 10 ms gaps), is expected from all its
+ * spells, as before. */
+
+/* The blocks this production process's container has launched on the GPU so far. */
+static uint64_t production_blocks(struct tgs_gpu *g) {
+    return g->ctr ? __atomic_load_n(&g->ctr->blocks, __ATOMIC_RELAXED) : 0;
+}
+
+/* Whether the last TGS_STEPS steps did the same work: then it is step_work, and the
+ * spells after them are expected between steps. */
+static void steps_known(struct tgs_gpu *g) {
+    g->step_work = 0;
+    if (g->nsteps < TGS_STEPS)
+        return;
+    uint64_t lo = UINT64_MAX, hi = 0, spell_lo = UINT64_MAX, spell_hi = 0;
+    for (unsigned i = 0; i < TGS_STEPS; i++) {
+        const struct tgs_step *st = &g->steps[i];
+        lo = st->blocks < lo ? st->blocks : lo;
+        hi = st->blocks > hi ? st->blocks : hi;
+        spell_lo = st->spell_ns < spell_lo ? st->spell_ns : spell_lo;
+        spell_hi = st->spell_ns > spell_hi ? st->spell_ns : spell_hi;
+    }
+    if (!lo || hi - lo > lo / 64)
+        return;
+    int news = tgs_log_level >= TGS_LOG_DEBUG && (lo != g->logged_step_work || spell_lo > g->logged_step_spell +
+                                                  g->logged_step_spell / 32 || spell_lo < g->logged_step_spell -
+                                                  g->logged_step_spell / 32);
+    g->step_work = lo;
+    g->step_spell_lo = spell_lo;
+    g->step_spell_hi = spell_hi < 2 * spell_lo ? spell_hi : 2 * spell_lo;
+    if (news) {
+        tgs_log(TGS_LOG_DEBUG, "knows its steps: %llu blocks each, then %.1f-%.1f ms idle", (unsigned long long)lo,
+                (double)g->step_spell_lo / 1e6, (double)g->step_spell_hi / 1e6);
+        g->logged_step_work = lo;
+        g->logged_step_spell = spell_lo;
+    }
+}
+
+/* A spell of `spell` ns from `idle` to the launch at `now` ended, `blocks` launched before
+ * it: whether it came between two steps (then the next starts now). */
+static int spell_between_steps(struct tgs_gpu *g, uint64_t spell, uint64_t idle, uint64_t now, uint64_t blocks) {
+    uint64_t shortest = g->usual_gap_ns / 2;
+    int between = shortest && spell >= TGS_STEP_SPELL * shortest && (!g->step_work || 4 * spell >= g->step_spell_lo);
+    if (!between) {
+        g->step_inside_ns += spell;
+        return 0;
+    }
+    uint64_t span = idle > g->step_ns ? idle - g->step_ns : 0;
+    int clean = g->step_ns && (TGS_STEP_INSIDE + 1) * g->step_inside_ns <= span;
+    g->steps[g->nsteps++ % TGS_STEPS] = (struct tgs_step){spell, clean ? blocks - g->step_blocks : 0};
+    g->step_ns = now;
+    g->step_blocks = blocks;
+    g->step_inside_ns = 0;
+    steps_known(g);
+    return 1;
+}
+
 /* The launch after an idle spell: remember how long the spell was (where it `happened`),
- * count its part beyond the usual gap as a pause of production's own (tgs_proto.h,
- * tgs_gpu_pauses: a data loader's stall, which tgsd leaves out of production's progress),
- * and withdraw the expectation it raised (the GPU's gate now holds opportunistic work
- * back). */
-static void note_gap(struct tgs_gpu *g, uint32_t slot, uint64_t now, int happened) {
+ * count its part beyond the usual gap (of a spell between steps, where the job knows
+ * them) as a pause of production's own (tgs_proto.h, tgs_gpu_pauses: a data loader's
+ * stall, which tgsd leaves out of production's progress), and withdraw the expectation it
+ * raised (the GPU's gate now holds opportunistic work back). Returns whether the launch
+ * starts an iteration: after any spell, or where the job knows its steps, one between them. */
+static int note_gap(struct tgs_gpu *g, uint32_t slot, uint64_t now, int happened) {
     uint64_t idle = g->idle_ns;
     if (!idle)
-        return;
+        return happened;
     g->idle_ns = 0;
+    int starts = happened;
     if (happened) {
         uint64_t gap = now > idle ? now - idle : 0; /* idle: another thread's clock */
+        int between = spell_between_steps(g, gap, idle, now, production_blocks(g));
+        uint64_t usual = g->step_work && between ? 2 * g->step_spell_lo : g->usual_gap_ns;
+        starts = !g->step_work || between;
         g->gaps[g->ngaps++ % TGS_GAPS] = gap;
-        if (g->usual_gap_ns && gap > g->usual_gap_ns)
-            __atomic_fetch_add(&g->pauses->paused_ns, gap - g->usual_gap_ns, __ATOMIC_RELAXED);
+        if (usual && gap > usual)
+            __atomic_fetch_add(&g->pauses->paused_ns, gap - usual, __ATOMIC_RELAXED);
     }
     volatile struct tgs_expectation *e = own_expectation(g, slot);
     if (e)
         __atomic_store_n(&e->due_until_ns, 0, __ATOMIC_RELAXED);
+    return starts;
 }
 
 /* Production went idle at `now`: it expects to launch again after the shortest of its
  * recent gaps (the last TGS_GAPS, once it has seen TGS_GAPS_TO_EXPECT) and before the
  * longest (at most twice the shortest: a job whose gaps vary more is expected only around
- * its shortest), and a gap longer than twice the shortest is in part a pause (note_gap).
+ * its shortest), and a gap longer than twice the shortest is in part a pause (note_gap);
+ * where it knows its steps and this one's work is done, as the spells between them.
  * Each production process writes its own slot's expectation, and makes sure opportunistic
  * shims read that far. */
 static void expect_next(struct tgs_gpu *g, uint64_t now) {
@@ -100,6 +178,10 @@ static void expect_next(struct tgs_gpu *g, uint64_t now) {
         tgs_log(TGS_LOG_DEBUG, "expects to launch again %.1f-%.1f us after going idle", (double)lo / 1e3, (double)hi / 1e3);
         g->logged_gap = lo;
     }
+    if (g->step_work && production_blocks(g) - g->step_blocks >= g->step_work) {
+        lo = g->step_spell_lo;
+        hi = g->step_spell_hi;
+    }
     __atomic_store_n(&e->due_until_ns, 0, __ATOMIC_RELAXED); /* no window while it is written */
     __atomic_store_n(&e->idle_ns, now, __ATOMIC_RELAXED);
     __atomic_store_n(&e->due_ns, now + lo, __ATOMIC_RELAXED);
@@ -119,8 +201,7 @@ static inline void set_busy(struct tgs_gpu *g, int iteration) {
     uint64_t now = tgs_now();
     g->busy_since_ns = now;
     __atomic_store_n(&g->busy_marked, 1, __ATOMIC_RELAXED);
-    note_gap(g, slot, now, iteration); /* first: the mark counts the pause it ends */
-    if (iteration)
+    if (note_gap(g, slot, now, iteration)) /* first: the mark counts the pause it ends */
         mark_iteration(g, now);
 }
 
@@ -656,6 +737,8 @@ void tgs_compute_after_fork(void) {
         g->drain_state = TGS_DRAIN_NONE;
         g->ngaps = 0;
         g->usual_gap_ns = 0;
+        g->nsteps = 0;
+        g->step_ns = g->step_inside_ns = g->step_work = 0;
     }
     g_tgs.captures = 0;
     pthread_mutex_init(&g_streams_lock, NULL);

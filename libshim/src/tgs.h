@@ -77,6 +77,10 @@ struct tgs_stream_seen {
                           * three leaves out a first spell of setting up (loading data, the
                           * model), and a job on its host 1.5 s every iteration has the first three
                           * of its returns taken for ones from idle, not eight (tgsd profiles each) */
+#define TGS_STEPS 3        /* production: the steps that must have done the same work for it to know its
+                          * steps (compute.c, "Steps") ... */
+#define TGS_STEP_SPELL 16  /* ... each ended by a spell this many times the shortest of its gaps ... */
+#define TGS_STEP_INSIDE 4  /* ... and busy at least this many times its spells inside */
 #define TGS_TIME_GAP_NS 50000000ull /* ... or fewer, when the last timed one is this long ago */
 #define TGS_TIMED 5       /* timed kernels remembered */
 #define TGS_TIMER_READ_NS 10000000ull /* a timed kernel is read this long after its launch at the latest, */
@@ -98,8 +102,17 @@ struct tgs_gpu { /* one control-block GPU slot, as this process sees it */
     uint64_t usual_gap_ns;                 /* production: twice the shortest of them (0: fewer than
                                             * TGS_GAPS_TO_EXPECT yet), the longest gap it is expected to take: the part of a
                                             * gap beyond it is a pause of its own */
+    struct tgs_step { uint64_t spell_ns, blocks; } steps[TGS_STEPS]; /* production: its last steps (the blocks
+                                            * of each, 0 where not clean) and the spells that ended them */
+    unsigned nsteps;
+    uint64_t step_ns, step_blocks;         /* production: when its step under way started, its blocks before it */
+    uint64_t step_inside_ns;               /* production: the spells inside that step so far */
+    uint64_t step_work;                    /* production: the blocks of each of its steps, where it knows them (0: not) */
+    uint64_t step_spell_lo, step_spell_hi; /* production: then, the spells between them: the shortest, the longest
+                                            * up to twice that */
     struct tgs_gpu_pauses *pauses;         /* production: its pauses (tgs_proto.h), in the control block */
     uint64_t logged_gap;                   /* production: the shortest gap it last logged */
+    uint64_t logged_step_work, logged_step_spell; /* production: the steps it last logged */
     struct tgs_stream_seen streams[TGS_STREAMS]; /* production: the streams it launched on */
     unsigned nstreams;
     unsigned streams_gen;                  /* the context generation they were noted in */

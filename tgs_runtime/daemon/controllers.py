@@ -166,7 +166,8 @@ class Sample:
     production_processes: frozenset[int] = frozenset()
     overlap: Overlap = Overlap()  # in the period (its span is dt)
     # the longest idle spell production's processes now expect to take (twice the shortest
-    # of their recent ones: tgs_proto.h's expectations; 0: none expected): within it, a job
+    # of their recent ones, or of their spells between steps: tgs_proto.h's expectations;
+    # 0: none expected): within it, a job
     # that spends that long on its host every iteration is not idle (`FastController._idle_after`)
     production_rhythm_s: float = 0.0
 

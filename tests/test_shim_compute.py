@@ -467,36 +467,52 @@ def test_a_workload_that_syncs_before_its_host_work_idles_inside_each_iteration(
     assert len(mid) >= len(marks) // 3, f"no mark after the first half of an iteration: {marks[:6]}"
     refused = subprocess.run([str(libshim.workload), "--host-sync"], capture_output=True, text=True)
     assert refused.returncode == 2 and "--host-sync without --host-us" in refused.stderr
+    refused = subprocess.run([str(libshim.workload), "--host-us", "100", "--host-sync-s", "2"], capture_output=True,
+                             text=True)
+    assert refused.returncode == 2 and "--host-sync-s without --host-sync" in refused.stderr
 
 
 def test_a_job_idle_inside_its_steps_is_expected_by_its_steps(simgpu, host, container, libshim):
-    """A production job of 5 kernels of 10 ms that idles 0.3 ms inside each step (as a
-    ResNet-50's event queries did on an H200) and 0.25 s on its host between steps. Its
-    shim learns its steps (each the same work, ended by a spell far longer than the ones
-    inside): going idle once a step's work is done it expects the spell between steps,
-    which tgsd reads as its rhythm; only the launch after that spell marks an iteration;
-    and no pause is counted. Taken for its gaps, the 0.3 ms spells made the rhythm under
-    a millisecond, marked two iterations a step, and counted each 0.25 s spell a pause."""
+    """A production job of 5 kernels of 10 ms that idles 0.3 ms inside each step for its
+    first 3.5 s (as a ResNet-50's event queries did on an H200 for its first 20 s) and
+    0.25 s on its host between steps. Its shim learns its steps (each the same work, ended
+    by a spell far longer than the ones inside): going idle once a step's work is done it
+    expects the spell between steps, which tgsd reads as its rhythm; only the launch after
+    that spell marks an iteration; and no pause is counted. So too once the spells inside
+    stop, and its 0.25 s spells are the shortest it has. Taken for its gaps, the 0.3 ms
+    spells made the rhythm under a millisecond, marked two iterations a step, and counted
+    each 0.25 s spell a pause; and the first rule for steps, which took only a spell 16
+    times the shortest for one between steps, marked no iteration once the spells inside
+    had stopped."""
     prod = container(proto.Class.PRODUCTION, "prod")
-    job = Workload(kernel_us=10_000, kernels=5, gap_us=250_000, seconds=6, report_s=1, host_us=300, host_sync=True)
+    job = Workload(kernel_us=10_000, kernels=5, gap_us=250_000, seconds=9, report_s=1, host_us=300, host_sync=True,
+                   host_sync_s=3.5)
     p = simgpu.workload(job, "prod", prod.env(libshim.shim))
     simgpu.wait_for_contexts(["prod"])
-    time.sleep(2.0)  # its first steps, learnt
     activity = host.activity(simgpu.uuids()[0])
-    rhythms, marks = [], []
-    for _ in range(50):  # 2.5 s
-        rhythms.append(activity.rhythm_ns(0) / 1e9)
-        m = prod.control.iteration_mark(0)
-        if m and (not marks or m != marks[-1]):
-            marks.append(m)
-        time.sleep(0.05)
+
+    def watch(seconds: float) -> tuple[list[float], list[tuple[int, int, int]]]:
+        rhythms, marks = [], []
+        for _ in range(round(seconds / 0.05)):
+            rhythms.append(activity.rhythm_ns(0) / 1e9)
+            m = prod.control.iteration_mark(0)
+            if m and (not marks or m != marks[-1]):
+                marks.append(m)
+            time.sleep(0.05)
+        return rhythms, marks
+
+    time.sleep(1.8)  # its first steps, learnt
+    inside = watch(1.5)
+    time.sleep(2.5)  # the spells inside stopped at 3.5 s; eight spells later, the 0.25 s ones are the shortest
+    after = watch(2.5)
     assert p.wait() == 0, p.stderr
-    assert any(0.45 <= r <= 0.6 for r in rhythms), f"its rhythm: {sorted(set(rhythms))} (0.25 s spells)"
     step = job.kernels * BLOCKS
-    assert len(marks) >= 5 and all(blocks % step == 0 for _, blocks, _ in marks), \
-        f"marks not at step starts: {[b / step for _, b, _ in marks]}"
-    (t0, _, p0), (t1, _, p1) = marks[0], marks[-1]
-    assert p1 - p0 <= 0.05 * (t1 - t0), f"paused {(p1 - p0) / 1e6:.1f} ms of {(t1 - t0) / 1e6:.0f}"
+    for phase, (rhythms, marks) in {"with spells inside": inside, "after them": after}.items():
+        assert any(0.45 <= r <= 0.6 for r in rhythms), f"{phase}: its rhythm {sorted(set(rhythms))} (0.25 s spells)"
+        assert len(marks) >= 3 and all(blocks % step == 0 for _, blocks, _ in marks), \
+            f"{phase}: marks not at step starts: {[b / step for _, b, _ in marks]}"
+        (t0, _, p0), (t1, _, p1) = marks[0], marks[-1]
+        assert p1 - p0 <= 0.05 * (t1 - t0), f"{phase}: paused {(p1 - p0) / 1e6:.1f} ms of {(t1 - t0) / 1e6:.0f}"
 
 
 def test_production_counts_its_own_pauses_for_tgsd_to_leave_out(simgpu, container, libshim):

@@ -30,6 +30,7 @@ class Workload:
     shapes: int = 1                 # kernel i of the run is on grid size i % shapes
     host_us: float = 0              # host work once the first half of an iteration's kernels is queued
     host_sync: bool = False         # the GPU caught up before that host work: an idle spell inside each iteration
+    host_sync_s: float = 0          # ... only for this long into the run (0: throughout)
     stall_us: float = 0             # more CPU time after every stall_every-th iteration (a data loader's stall)
     stall_every: int = 0
     phase_s: float = 0              # from this far into the run ...
@@ -80,6 +81,8 @@ class Workload:
             out += ["--host-us", f"{self.host_us:g}"]
         if self.host_sync:
             out.append("--host-sync")
+        if self.host_sync_s:  # (without host_sync the workload says what is missing)
+            out += ["--host-sync-s", f"{self.host_sync_s:g}"]
         if self.stall_every or self.stall_us:  # one without the other: the workload says what is missing
             out += ["--stall-us", f"{self.stall_us:g}", "--stall-every", str(self.stall_every)]
         if self.phase_s or self.phase_kernels:  # (likewise)

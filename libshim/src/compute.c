@@ -60,7 +60,8 @@ static volatile struct tgs_expectation *own_expectation(struct tgs_gpu *g, uint3
  * made the rhythm 1 ms, each 2 s spell a pause, and each return one from idle. A spell at
  * least TGS_STEP_SPELL times the shortest of its gaps may end a step; where the last
  * TGS_STEPS such steps did the same work (their blocks within 1/64) and each was busy at
- * least TGS_STEP_INSIDE times its spells inside, the job knows its steps: a spell that
+ * least TGS_STEP_INSIDE times its spells inside, the job knows its steps (spell_between_steps
+ * says how long it goes on knowing them): a spell that
  * starts once a step's work is done is expected as long as those between steps, the
  * others as inside ones; only the launch after a spell between steps starts an
  * iteration, and only the part of such a spell beyond twice the shortest of them is a
@@ -105,12 +106,17 @@ static void steps_known(struct tgs_gpu *g) {
 }
 
 /* A spell of `spell` ns from `idle` to the launch at `now` ended, `blocks` launched before
- * it: whether it came between two steps (then the next starts now). */
+ * it: whether it came between two steps (then the next starts now). Once the job knows its
+ * steps, a spell at least a quarter of the shortest between them is one (its spells inside
+ * may stop: a ResNet-50's did after 20 s on an H200, and its 2 s spells were then the
+ * shortest); a job that does two steps' work without one knows its steps no more. */
 static int spell_between_steps(struct tgs_gpu *g, uint64_t spell, uint64_t idle, uint64_t now, uint64_t blocks) {
     uint64_t shortest = g->usual_gap_ns / 2;
-    int between = shortest && spell >= TGS_STEP_SPELL * shortest && (!g->step_work || 4 * spell >= g->step_spell_lo);
+    int between = g->step_work ? 4 * spell >= g->step_spell_lo : shortest && spell >= TGS_STEP_SPELL * shortest;
     if (!between) {
         g->step_inside_ns += spell;
+        if (g->step_work && blocks - g->step_blocks > 2 * g->step_work)
+            g->step_work = 0;
         return 0;
     }
     uint64_t span = idle > g->step_ns ? idle - g->step_ns : 0;

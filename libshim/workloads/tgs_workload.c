@@ -61,6 +61,7 @@ static struct {
     long shapes;       /* kernel i of the run is on grid size i % shapes */
     double host_us;    /* host work after the first half of each iteration's kernels */
     int host_sync;     /* the GPU caught up before that host work (an idle spell inside the iteration) */
+    double host_sync_s; /* ... for this long into the run (0: throughout) */
     double stall_us;   /* more CPU time after every stall_every-th iteration */
     long stall_every;
     double phase_s;    /* from this far into the run ... */
@@ -160,6 +161,8 @@ static void usage(FILE *f) {
             "  --host-sync      synchronise before that host work, so that the GPU idles through it: an\n"
             "                   idle spell inside each iteration, as a framework's event query that finds\n"
             "                   the GPU caught up (needs --host-us)\n"
+            "  --host-sync-s S  only for the first S seconds of the run (needs --host-sync; default 0:\n"
+            "                   throughout), as a job whose steps stop idling once it has warmed up\n"
             "  --stall-us US    more CPU time after every --stall-every-th iteration: a pause of the job's\n"
             "                   own, as a data loader's stall (the thread sleeps; default 0)\n"
             "  --stall-every N  (default 0: no stalls; give both or neither)\n"
@@ -211,7 +214,7 @@ static void parse(int argc, char **argv) {
         {"print-ptx", 0, 0, 'P'}, {"help", 0, 0, 'h'},    {"iterations", 1, 0, 'n'}, {"long-kernels", 1, 0, 'L'},
         {"long-us", 1, 0, 'U'},   {"shapes", 1, 0, 'S'},    {"host-us", 1, 0, 'H'},   {"stall-us", 1, 0, 'T'},
         {"stall-every", 1, 0, 'E'}, {"phase-s", 1, 0, 'A'}, {"phase-kernels", 1, 0, 'B'}, {"host-sync", 0, 0, 'Y'},
-        {0, 0, 0, 0}};
+        {"host-sync-s", 1, 0, 'Z'}, {0, 0, 0, 0}};
     int c;
     while ((c = getopt_long(argc, argv, "h", longs, NULL)) != -1) {
         switch (c) {
@@ -234,6 +237,7 @@ static void parse(int argc, char **argv) {
         case 'A': opt.phase_s = parse_num("--phase-s", optarg, 0, 1e7); break;
         case 'B': opt.phase_kernels = (long)parse_num("--phase-kernels", optarg, 1, 100000); break;
         case 'Y': opt.host_sync = 1; break;
+        case 'Z': opt.host_sync_s = parse_num("--host-sync-s", optarg, 0, 1e7); break;
         case 'v': opt.verify = 1; break;
         case 'm': opt.managed = 1; break;
         case 'j': opt.json = 1; break;
@@ -254,6 +258,10 @@ static void parse(int argc, char **argv) {
     }
     if (opt.host_sync && !opt.host_us) {
         fprintf(stderr, "tgs-workload: --host-sync without --host-us: give the host work it waits for the GPU before\n");
+        exit(2);
+    }
+    if (opt.host_sync_s && !opt.host_sync) {
+        fprintf(stderr, "tgs-workload: --host-sync-s without --host-sync: give the synchronisation it limits\n");
         exit(2);
     }
     give_both("--phase-s", opt.phase_s, "--phase-s S: how far into the run the phase starts", "--phase-kernels",
@@ -447,7 +455,7 @@ int main(int argc, char **argv) {
             unsigned blocks = is_long ? 2 * widest + shape : (unsigned)sms + shape;
             CHECK(cu.LaunchKernel(step, blocks, 1, 1, 128, 1, 1, 0, NULL, args, NULL), "cuLaunchKernel");
             if (k + 1 == (K + 1) / 2) {
-                if (opt.host_sync)
+                if (opt.host_sync && (!opt.host_sync_s || t - start < opt.host_sync_s))
                     CHECK(cu.CtxSynchronize(), "cuCtxSynchronize");
                 sleep_us(opt.host_us);
             }

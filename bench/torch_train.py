@@ -5,7 +5,11 @@ Run by `tgs bench pytorch` as a plain process (with libtgs.so preloaded when it 
 TGS container); needs only torch (and torchvision for resnet50). Models:
   resnet50  torchvision's ResNet-50, 224x224 images, SGD
   gpt2      a GPT-2-small-sized decoder (12 layers, 768 wide, 12 heads, 50257 tokens), AdamW
---gap-ms sleeps on the CPU after each step (a data loader's time), which sets the duty.
+--gap-ms sleeps on the CPU after each step (a data loader's time), which sets the duty;
+the warm-up (--warmup-s, before the first report) sleeps it too, so that a job measured
+from its first report runs as it warmed up (warmed up without it, a ResNet-50 on an H200
+was profiled at three times the progress it then had, and tgsd's first seconds went to
+cutting and following its load).
 """
 from __future__ import annotations
 
@@ -96,6 +100,8 @@ def main(argv: list[str] | None = None) -> int:
         while time.monotonic() < t_end_warm:
             step()
             torch.cuda.synchronize()
+            if a.gap_ms:
+                time.sleep(a.gap_ms / 1000)
         start = last = time.monotonic()
         it = last_it = 0
         while True:

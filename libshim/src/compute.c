@@ -70,6 +70,12 @@ static volatile struct tgs_expectation *own_expectation(struct tgs_gpu *g, uint3
  * of their own (a stall every 25 iterations of 10 ms gaps), is expected from all its
  * spells, as before. */
 
+/* Whether a figure moved by more than 1/32 from the one last logged (production's debug
+ * logs of what it expects say only what changed). */
+static int moved_from_logged(uint64_t now, uint64_t logged) {
+    return now > logged + logged / 32 || now < logged - logged / 32;
+}
+
 /* The blocks this production process's container has launched on the GPU so far. */
 static uint64_t production_blocks(struct tgs_gpu *g) {
     return g->ctr ? __atomic_load_n(&g->ctr->blocks, __ATOMIC_RELAXED) : 0;
@@ -91,9 +97,8 @@ static void steps_known(struct tgs_gpu *g) {
     }
     if (!lo || hi - lo > lo / 64)
         return;
-    int news = tgs_log_level >= TGS_LOG_DEBUG && (lo != g->logged_step_work || spell_lo > g->logged_step_spell +
-                                                  g->logged_step_spell / 32 || spell_lo < g->logged_step_spell -
-                                                  g->logged_step_spell / 32);
+    int news = tgs_log_level >= TGS_LOG_DEBUG &&
+               (lo != g->logged_step_work || moved_from_logged(spell_lo, g->logged_step_spell));
     g->step_work = lo;
     g->step_spell_lo = spell_lo;
     g->step_spell_hi = spell_hi < 2 * spell_lo ? spell_hi : 2 * spell_lo;
@@ -180,7 +185,7 @@ static void expect_next(struct tgs_gpu *g, uint64_t now) {
     volatile struct tgs_expectation *e = own_expectation(g, slot);
     if (!e)
         return;
-    if (tgs_log_level >= TGS_LOG_DEBUG && (lo > g->logged_gap + g->logged_gap / 32 || lo < g->logged_gap - g->logged_gap / 32)) {
+    if (tgs_log_level >= TGS_LOG_DEBUG && moved_from_logged(lo, g->logged_gap)) {
         tgs_log(TGS_LOG_DEBUG, "expects to launch again %.1f-%.1f us after going idle", (double)lo / 1e3, (double)hi / 1e3);
         g->logged_gap = lo;
     }

@@ -80,7 +80,8 @@ struct tgs_stream_seen {
 #define TGS_STEPS 3        /* production: the steps that must have done the same work for it to know its
                           * steps (compute.c, "Steps") ... */
 #define TGS_STEP_SPELL 16  /* ... each ended by a spell this many times the shortest of its gaps ... */
-#define TGS_STEP_INSIDE 4  /* ... and busy at least this many times its spells inside */
+#define TGS_STEP_INSIDE 2  /* ... and busy at least this many times its spells inside (a job of 10 ms
+                          * gaps stalling every 25 iterations is busy about as long as those) */
 #define TGS_TIME_GAP_NS 50000000ull /* ... or fewer, when the last timed one is this long ago */
 #define TGS_TIMED 5       /* timed kernels remembered */
 #define TGS_TIMER_READ_NS 10000000ull /* a timed kernel is read this long after its launch at the latest, */

@@ -831,10 +831,12 @@ def test_production_on_its_host_every_iteration_is_not_profiled_at_each_return(s
     d = tgsd()
     prod, opp = d.register("production"), d.register("opportunistic")
     seconds = round(16 + 10 * (host_s - 0.55))
-    slow = Workload(kernel_us=10_000, kernels=5, gap_us=round(host_s * 1e6), seconds=seconds, report_s=1,
+    # both run 6 s past `seconds`: in a CI run on 2 cores the 3 s case's `tgs status` came
+    # after both jobs had ended (no process in either container), 40 s after they started
+    slow = Workload(kernel_us=10_000, kernels=5, gap_us=round(host_s * 1e6), seconds=seconds + 6, report_s=1,
                     host_us=mid_us, host_sync=bool(mid_us))
     p = simgpu.workload(slow, "prod", prod.env(libshim.shim))
-    o = simgpu.workload(dataclasses.replace(HOG, seconds=seconds), "opp", opp.env(libshim.shim))
+    o = simgpu.workload(dataclasses.replace(HOG, seconds=seconds + 6), "opp", opp.env(libshim.shim))
     simgpu.wait_for_contexts(["prod", "opp"])
     time.sleep(seconds - 8)  # its first spells, and the profile of its first return after them
     shared = busy(simgpu, ["prod", "opp"], 6)

@@ -117,6 +117,11 @@ static void steps_known(struct tgs_gpu *g) {
  * shortest); a job that does two steps' work without one knows its steps no more. */
 static int spell_between_steps(struct tgs_gpu *g, uint64_t spell, uint64_t idle, uint64_t now, uint64_t blocks) {
     uint64_t shortest = g->usual_gap_ns / 2;
+    if (!shortest) { /* its first spells, before it expects any */
+        unsigned seen = g->ngaps < TGS_GAPS ? g->ngaps : TGS_GAPS;
+        for (unsigned i = 0; i < seen; i++)
+            shortest = !shortest || g->gaps[i] < shortest ? g->gaps[i] : shortest;
+    }
     int between = g->step_work ? 4 * spell >= g->step_spell_lo : shortest && spell >= TGS_STEP_SPELL * shortest;
     if (!between) {
         g->step_inside_ns += spell;
@@ -142,8 +147,13 @@ static int spell_between_steps(struct tgs_gpu *g, uint64_t spell, uint64_t idle,
  * starts an iteration: after any spell, or where the job knows its steps, one between them. */
 static int note_gap(struct tgs_gpu *g, uint32_t slot, uint64_t now, int happened) {
     uint64_t idle = g->idle_ns;
-    if (!idle)
+    if (!idle) {
+        if (happened && !g->step_ns) { /* its first launch starts its first step */
+            g->step_ns = now;
+            g->step_blocks = production_blocks(g);
+        }
         return happened;
+    }
     g->idle_ns = 0;
     int starts = happened;
     if (happened) {

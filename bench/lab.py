@@ -55,6 +55,17 @@ class Job:
                     self.reports.append(report)
                     self.arrivals.append(time.monotonic())
 
+    def rate_spread(self, w0: float, w1: float) -> float | None:
+        """How much the rates of its reports that came between two monotonic moments spread:
+        their standard deviation over their mean (None under three). Each report's rate
+        spans whole iterations (a report follows a step), so this is the job's own noise at
+        the report interval, as a profile timed from iteration start to iteration start
+        sees it over that long."""
+        rates = [r.iterations_per_s for t, r in zip(self.arrivals, self.reports)
+                 if w0 <= t <= w1 and not r.summary]
+        mean = statistics.fmean(rates) if len(rates) >= 3 else 0.0
+        return statistics.pstdev(rates) / mean if mean > 0 else None
+
     def reported_since(self, t: float) -> bool:
         """Whether a report came at or after monotonic moment t, or none will (it ended)."""
         return bool(self.arrivals and self.arrivals[-1] >= t) or self.proc.poll() is not None

@@ -17,7 +17,9 @@ job alone, over windows twice as long. TGS_BENCH_PYTORCH_SETTINGS=a,b picks sett
 their short names (co-execution, mps, fast, bound-two, bound-eight, slow-loader; default
 all). Figures: production / exclusive,
 opportunistic / exclusive, share of idle time (opportunistic ratio / (1 - production's
-duty)), a TGS setting's the mean of its windows, with each window's share; and, for
+duty)), a TGS setting's the mean of its windows, with each window's share; the
+exclusive ResNet-50's own noise (the spread of its half-second rates, against which tgsd
+follows its load); and, for
 each TGS window, what tgsd showed (`tgs status` every 0.5 s): how much of each second production's shims counted it
 busy and the opportunistic ones waited behind it, whether they watched production, how
 much of their work ran beside it, the in-flight bound and the rate."""
@@ -46,13 +48,15 @@ def argv(model: str, seconds: float, gap_ms: float = 0, batch: int | None = None
 
 
 def window(jobs: dict[str, Job], seconds: float, timeout: float = 240,
-           trace: ControllerTrace | None = None, late_s: float = 30) -> dict[str, float]:
+           trace: ControllerTrace | None = None, late_s: float = 30,
+           spreads: dict[str, float | None] | None = None) -> dict[str, float]:
     """Waits until every job reports, then measures each over the same wall-clock window
     (which `trace`, if given, is told to sum up), once each has reported after its end
     (up to `late_s` later): a job reports after a step, and one whose steps are long (2 s
     on its host) or that was paused at the end (tgsd profiling production gates
     opportunistic work for about a second) had no report there, and read NaN (TGS fast's
-    first window on the H200 on 2026-11-30, its end in a profile)."""
+    first window on the H200 on 2026-11-30, its end in a profile). `spreads`, where given,
+    gets each job's `Job.rate_spread` over the window."""
     deadline = time.monotonic() + timeout
     while any(not j.arrivals for j in jobs.values()):
         dead = [k for k, j in jobs.items() if j.proc.poll() is not None and not j.arrivals]
@@ -72,6 +76,8 @@ def window(jobs: dict[str, Job], seconds: float, timeout: float = 240,
     while not all(j.reported_since(w1) for j in jobs.values()) and time.monotonic() < late:
         time.sleep(0.1)
     rates = {k: j.rate_between(w0, w1) for k, j in jobs.items()}
+    if spreads is not None:
+        spreads.update({k: j.rate_spread(w0, w1) for k, j in jobs.items()})
     for j in jobs.values():
         j.kill()
         j.wait()
@@ -93,12 +99,15 @@ def run(echo: Echo = print, quick: bool = False, json_path: Path | None = None) 
         if not lab.real:
             raise SystemExit("tgs bench pytorch needs an NVIDIA GPU (simgpu runs no PyTorch kernels)")
         echo("pytorch on a real GPU: exclusive runs")
-        res["excl_prod"] = window({"prod": lab.run(argv("resnet50", long, gap_ms), "excl-prod")}, seconds)["prod"]
+        spread: dict[str, float | None] = {}
+        res["excl_prod"] = window({"prod": lab.run(argv("resnet50", long, gap_ms), "excl-prod")}, seconds,
+                                  spreads=spread)["prod"]
+        res["excl_prod_spread"] = spread["prod"]
         res["excl_opp"] = window({"opp": lab.run(argv("gpt2", long, 0, 8), "excl-opp")}, seconds)["opp"]
         res["excl_prod_nogap"] = window({"prod": lab.run(argv("resnet50", long, 0), "excl-prod-nogap")},
                                         seconds)["prod"]
         echo(f"  resnet50 (gap {gap_ms:g} ms) {res['excl_prod']:.2f} it/s, no gap {res['excl_prod_nogap']:.2f} it/s;"
-             f" gpt2 {res['excl_opp']:.2f} it/s")
+             f" gpt2 {res['excl_opp']:.2f} it/s; {spread_words(res.get('excl_prod_spread'))}")
         # Production's duty alone: the GPU's share of one step with the gap.
         duty = min(1.0, res["excl_prod"] / res["excl_prod_nogap"])
         for host_ms in sorted({t.host_ms for t in tgs.values()} - {gap_ms}):
@@ -148,6 +157,15 @@ def run(echo: Echo = print, quick: bool = False, json_path: Path | None = None) 
     result, md = report(res, duty, gap_ms, quick)
     Outputs("pytorch", json_path).write(result, md, echo)
     return result
+
+
+def spread_words(spread: float | None) -> str:
+    """The exclusive ResNet-50's spread in words: its own noise over half a second, against
+    which tgsd follows its load once a profile moves 1.5 % (on the H200 on 2026-11-30
+    profiles moved 2.1-3.4 % from one to the next)."""
+    if spread is None:
+        return "the ResNet-50's half-second rates: too few to spread"
+    return f"the ResNet-50 alone, its half-second rates spread {spread:.1%} (standard deviation over the mean)"
 
 
 GAP_MS = 40.0  # production's data loader: CPU time after each ResNet-50 step
@@ -227,7 +245,7 @@ def report(res: dict, duty: float, gap_ms: float, quick: bool) -> tuple[dict, st
           + table(["setting", "production / exclusive", "opportunistic / exclusive", "share of idle time",
                    "share in each window"], rows)
           + f"\n\nExclusive: ResNet-50 {res['excl_prod']:.2f} it/s (batch 64), GPT-2-small-sized "
-          f"{res['excl_opp']:.2f} it/s (batch 8 x 512 tokens). "
+          f"{res['excl_opp']:.2f} it/s (batch 8 x 512 tokens); {spread_words(res.get('excl_prod_spread'))}. "
           + "".join(f"ResNet-50 on its host {t.host_ms / 1000:g} s a step: {alone(res, duty, t.host_ms, gap_ms)[0]:.3f} "
                     f"it/s (duty {alone(res, duty, t.host_ms, gap_ms)[1]:.3f}), the row {name!r} against it. "
                     for name, t in TGS_SETTINGS.items() if name in res and t.host_ms != gap_ms)

@@ -67,6 +67,21 @@ def test_a_pytorch_window_ending_while_a_job_is_paused_waits_for_its_next_report
     assert job.arrivals[-1] - job.arrivals[0] > 4.2, "measured only after the pause"
 
 
+def test_a_job_s_own_noise_is_the_spread_of_its_report_rates_in_a_window():
+    """The exclusive ResNet-50's half-second rates, 15 and 17 it/s in turn inside the
+    window (and 40 it/s before it, warming up): they spread 1/16 of their mean, which the
+    pytorch table says beside the exclusive rates; under three reports, no figure."""
+    from bench.pytorch import spread_words
+
+    job = Job("synthetic", proc=None, started=0.0, log=Path("/nonexistent"))
+    for k, rate in enumerate([40.0] + [15.0, 17.0] * 5):
+        job.reports.append(Report(iterations_per_s=rate, iterations=k, kernels=0, elapsed_s=0.5 * k))
+        job.arrivals.append(0.5 * k)
+    assert job.rate_spread(0.5, 5.0) == pytest.approx(1 / 16)
+    assert job.rate_spread(0.5, 1.0) is None
+    assert "spread 6.2%" in spread_words(job.rate_spread(0.5, 5.0)) and "too few" in spread_words(None)
+
+
 def test_a_window_that_ends_with_the_run_counts_its_last_iterations():
     """The last periodic report of a 7.2 s run came at 7.0 s; the summary has the totals at
     its end. A window up to the end is measured at the true rate (it lost 4 % before)."""
@@ -448,6 +463,8 @@ def test_the_pytorch_table_has_the_mps_row_when_it_ran_and_says_why_when_not():
     assert result["summary"]["fast, production 2 s on its host a step"] == {
         "production_ratio": 0.98, "opportunistic_ratio": 0.8, "idle_share": 0.811}  # duty 0.014
     assert "ResNet-50 on its host 2 s a step: 0.490 it/s (duty 0.014)" in md
+    res["excl_prod_spread"] = 0.021
+    assert "the ResNet-50 alone, its half-second rates spread 2.1%" in report(res, duty=0.4, gap_ms=40, quick=False)[1]
 
 
 def test_oversubscription_s_multiple_of_co_execution_comes_from_the_rates_not_the_rounded_ratios():

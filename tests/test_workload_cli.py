@@ -97,6 +97,8 @@ def test_host_work_mid_iteration_overlaps_the_kernels_queued_before_it(simgpu):
     (["--kernels", "4", "--long-kernels", "5"], "--long-kernels 5: more than the 4 kernels"),
     (["--shapes", "0"], "--shapes 0"),
     (["--host-us", "-1"], "--host-us -1"),
+    (["--host-sync"], "--host-sync without --host-us"),
+    (["--host-us", "100", "--host-sync-s", "2"], "--host-sync-s without --host-sync"),
     (["--stall-us", "300000"], "--stall-us 300000 without --stall-every: give both"),
     (["--stall-every", "25"], "--stall-every 25 without --stall-us: give both"),
     (["--phase-s", "5"], "--phase-s 5 without --phase-kernels: give both"),

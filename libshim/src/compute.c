@@ -76,6 +76,19 @@ static int moved_from_logged(uint64_t now, uint64_t logged) {
     return now > logged + logged / 32 || now < logged - logged / 32;
 }
 
+/* The shortest of production's last TGS_GAPS gaps, or of those it has had (0: none yet);
+ * `hi` gets the longest. */
+static uint64_t gaps_range(const struct tgs_gpu *g, uint64_t *hi) {
+    unsigned seen = g->ngaps < TGS_GAPS ? g->ngaps : TGS_GAPS;
+    uint64_t lo = seen ? UINT64_MAX : 0;
+    *hi = 0;
+    for (unsigned i = 0; i < seen; i++) {
+        lo = g->gaps[i] < lo ? g->gaps[i] : lo;
+        *hi = g->gaps[i] > *hi ? g->gaps[i] : *hi;
+    }
+    return lo;
+}
+
 /* The blocks this production process's container has launched on the GPU so far. */
 static uint64_t production_blocks(struct tgs_gpu *g) {
     return g->ctr ? __atomic_load_n(&g->ctr->blocks, __ATOMIC_RELAXED) : 0;
@@ -116,12 +129,9 @@ static void steps_known(struct tgs_gpu *g) {
  * may stop: a ResNet-50's did after 20 s on an H200, and its 2 s spells were then the
  * shortest); a job that does two steps' work without one knows its steps no more. */
 static int spell_between_steps(struct tgs_gpu *g, uint64_t spell, uint64_t idle, uint64_t now, uint64_t blocks) {
-    uint64_t shortest = g->usual_gap_ns / 2;
-    if (!shortest) { /* its first spells, before it expects any */
-        unsigned seen = g->ngaps < TGS_GAPS ? g->ngaps : TGS_GAPS;
-        for (unsigned i = 0; i < seen; i++)
-            shortest = !shortest || g->gaps[i] < shortest ? g->gaps[i] : shortest;
-    }
+    uint64_t shortest = g->usual_gap_ns / 2, longest;
+    if (!shortest) /* its first spells, before it expects any */
+        shortest = gaps_range(g, &longest);
     int between = g->step_work ? 4 * spell >= g->step_spell_lo : shortest && spell >= TGS_STEP_SPELL * shortest;
     if (!between) {
         g->step_inside_ns += spell;
@@ -182,12 +192,7 @@ static void expect_next(struct tgs_gpu *g, uint64_t now) {
     g->idle_ns = now;
     if (g->ngaps < TGS_GAPS_TO_EXPECT)
         return;
-    unsigned seen = g->ngaps < TGS_GAPS ? g->ngaps : TGS_GAPS;
-    uint64_t lo = UINT64_MAX, hi = 0;
-    for (unsigned i = 0; i < seen; i++) {
-        lo = g->gaps[i] < lo ? g->gaps[i] : lo;
-        hi = g->gaps[i] > hi ? g->gaps[i] : hi;
-    }
+    uint64_t hi, lo = gaps_range(g, &hi);
     g->usual_gap_ns = 2 * lo;
     if (hi > g->usual_gap_ns)
         hi = g->usual_gap_ns;

@@ -4,6 +4,7 @@ socket as tgs-runtime would, with a sleeping process standing in for each contai
 init (killing it is the container dying)."""
 from __future__ import annotations
 
+import dataclasses
 import json
 import signal
 import time
@@ -23,6 +24,15 @@ class Registration(ProcessContainer):
             return {n: getattr(ctr, n) for n, _ in type(ctr)._fields_ if n != "reserved"}
         finally:
             cb.close()
+
+
+@dataclasses.dataclass
+class Window:
+    """Two simgpu snapshots `seconds` apart, and tgsd's status of the GPU every 0.1 s between."""
+    before: dict
+    after: dict
+    samples: list[dict]
+    quiet: bool  # tgsd neither profiled nor (where asked) held a rate in it
 
 
 class Tgsd(ChildTgsd):
@@ -54,6 +64,23 @@ class Tgsd(ChildTgsd):
             if c["id"] == cid:
                 return c
         return None
+
+    def quiet_window(self, seconds: float, within_s: float, *, unlimited: bool = False) -> Window:
+        """A window of `seconds` in which tgsd did not profile (and, with `unlimited`, held
+        no rate), measured again until one is found or `within_s` has passed (then the
+        last, with quiet False). A profile gates opportunistic work for about a second
+        whatever a test is about: one after a production process started, or a check of a
+        figure taken under a loaded CI machine's noise, took a third of a 4 s window."""
+        deadline = time.monotonic() + within_s
+        while True:
+            before, samples = self.simgpu.status(), []
+            for _ in range(round(seconds / 0.1)):
+                samples.append(self.status()["gpus"][0])
+                time.sleep(0.1)
+            ctl = [g["controller"] for g in samples]
+            quiet = not any(c["state"] == "profile" or (unlimited and c["rate_blocks_per_s"] is not None) for c in ctl)
+            if quiet or time.monotonic() > deadline:
+                return Window(before, self.simgpu.status(), samples, quiet)
 
     def events(self) -> list[dict]:
         out = []

@@ -75,6 +75,20 @@ def test_a_phase_changes_the_kernels_per_iteration_within_the_run(simgpu):
     assert per_iteration == [4, 2], per_iteration
 
 
+def test_a_phase_changes_the_gap_between_iterations_within_the_run(simgpu):
+    """--phase-s 0.6 --phase-gap-us 4000: 4 ms of kernels back to back, then 4 ms on the host
+    after each iteration from 0.6 s on (a data loader that gets slower, or, the other way
+    round, faster): half the iterations a second, and the engine idle half the time."""
+    w = Workload(kernel_us=1000, kernels=4, phase_s=0.6, phase_gap_us=4000, seconds=1.2, report_s=0.1)
+    p = simgpu.run(w, "w")
+    assert p.popen.returncode == 0, p.stderr
+    lines = [b for b in parse_output(p.stdout) if not b.summary]
+    early = [b.iterations_per_s for b in lines if 0.2 < b.elapsed_s < 0.55]
+    late = [b.iterations_per_s for b in lines if b.elapsed_s > 0.75]
+    ratio = (sum(late) / len(late)) / (sum(early) / len(early))
+    assert 0.4 <= ratio <= 0.6, f"{early} it/s before the phase, {late} in it"
+
+
 def test_host_work_mid_iteration_overlaps_the_kernels_queued_before_it(simgpu):
     """--host-us: after the first half of an iteration's kernels is queued, the job works on
     the host while the GPU runs them. 1 ms of it behind 2 ms of queued kernels costs the
@@ -101,8 +115,9 @@ def test_host_work_mid_iteration_overlaps_the_kernels_queued_before_it(simgpu):
     (["--host-us", "100", "--host-sync-s", "2"], "--host-sync-s without --host-sync"),
     (["--stall-us", "300000"], "--stall-us 300000 without --stall-every: give both"),
     (["--stall-every", "25"], "--stall-every 25 without --stall-us: give both"),
-    (["--phase-s", "5"], "--phase-s 5 without --phase-kernels: give both"),
-    (["--phase-kernels", "3"], "--phase-kernels 3 without --phase-s: give both"),
+    (["--phase-s", "5"], "--phase-s 5 without --phase-kernels or --phase-gap-us: give what changes then"),
+    (["--phase-kernels", "3"], "--phase-kernels without --phase-s: give how far into the run"),
+    (["--phase-gap-us", "0"], "--phase-gap-us without --phase-s: give how far into the run"),
     (["--phase-s", "5", "--phase-kernels", "3", "--verify"], "--verify with --phase-kernels"),
     (["--kernels", "4", "--long-kernels", "2", "--phase-s", "5", "--phase-kernels", "1"],
      "--long-kernels 2: more than the 1 kernels per iteration of the phase"),

@@ -35,6 +35,7 @@ class Workload:
     stall_every: int = 0
     phase_s: float = 0              # from this far into the run ...
     phase_kernels: int = 0          # ... this many kernels per iteration (its own load moving within one process)
+    phase_gap_us: float | None = None  # ... and/or this gap (None: gap_us throughout)
 
     @property
     def duty(self) -> float:
@@ -85,8 +86,12 @@ class Workload:
             out += ["--host-sync-s", f"{self.host_sync_s:g}"]
         if self.stall_every or self.stall_us:  # one without the other: the workload says what is missing
             out += ["--stall-us", f"{self.stall_us:g}", "--stall-every", str(self.stall_every)]
-        if self.phase_s or self.phase_kernels:  # (likewise)
-            out += ["--phase-s", f"{self.phase_s:g}", "--phase-kernels", str(self.phase_kernels)]
+        if self.phase_s:  # (without what changes then, or without this, the workload says what is missing)
+            out += ["--phase-s", f"{self.phase_s:g}"]
+        if self.phase_kernels:
+            out += ["--phase-kernels", str(self.phase_kernels)]
+        if self.phase_gap_us is not None:
+            out += ["--phase-gap-us", f"{self.phase_gap_us:g}"]
         return out
 
     def argv(self, binary: Path | None = None) -> list[str]:

@@ -66,7 +66,8 @@ static struct {
     long stall_every;
     double phase_s;    /* from this far into the run ... */
     long phase_kernels; /* ... this many kernels per iteration (0: --kernels throughout) */
-} opt = {1000, 0, 10, 1, -1, 10, 16, 16, 0, 0, 0, 0, 0, 0, -1, 1, 0, 0, 0, 0, 0, 0};
+    double phase_gap_us; /* ... and this much CPU time between iterations (-1: --gap-us throughout) */
+} opt = {1000, 0, 10, 1, -1, 10, 16, 16, 0, 0, 0, 0, 0, 0, -1, 1, 0, 0, 0, 0, 0, 0, 0, -1};
 
 static double now_s(void) {
     struct timespec ts;
@@ -168,7 +169,10 @@ static void usage(FILE *f) {
             "  --stall-every N  (default 0: no stalls; give both or neither)\n"
             "  --phase-s S      from S seconds into the run, --phase-kernels K kernels per iteration: the\n"
             "  --phase-kernels K  same process's load moving, with no idle moment and no process starting\n"
-            "                   or ending to tell (give both or neither; not with --verify)\n"
+            "                   or ending to tell (not with --verify)\n"
+            "  --phase-gap-us US  and/or US of CPU time between iterations from then on, as a data loader\n"
+            "                   whose first epoch read from disk (--phase-s needs one of the two, and\n"
+            "                   each of them --phase-s)\n"
             "  --seconds S      how long to run (default 10); SIGINT or SIGTERM ends the run sooner, as\n"
             "                   if its time were up (it still verifies and reports)\n"
             "  --iterations N   stop after N iterations instead (a job of fixed work; --seconds still caps it)\n"
@@ -214,7 +218,7 @@ static void parse(int argc, char **argv) {
         {"print-ptx", 0, 0, 'P'}, {"help", 0, 0, 'h'},    {"iterations", 1, 0, 'n'}, {"long-kernels", 1, 0, 'L'},
         {"long-us", 1, 0, 'U'},   {"shapes", 1, 0, 'S'},    {"host-us", 1, 0, 'H'},   {"stall-us", 1, 0, 'T'},
         {"stall-every", 1, 0, 'E'}, {"phase-s", 1, 0, 'A'}, {"phase-kernels", 1, 0, 'B'}, {"host-sync", 0, 0, 'Y'},
-        {"host-sync-s", 1, 0, 'Z'}, {0, 0, 0, 0}};
+        {"host-sync-s", 1, 0, 'Z'}, {"phase-gap-us", 1, 0, 'G'}, {0, 0, 0, 0}};
     int c;
     while ((c = getopt_long(argc, argv, "h", longs, NULL)) != -1) {
         switch (c) {
@@ -236,6 +240,7 @@ static void parse(int argc, char **argv) {
         case 'E': opt.stall_every = (long)parse_num("--stall-every", optarg, 0, 1e12); break;
         case 'A': opt.phase_s = parse_num("--phase-s", optarg, 0, 1e7); break;
         case 'B': opt.phase_kernels = (long)parse_num("--phase-kernels", optarg, 1, 100000); break;
+        case 'G': opt.phase_gap_us = parse_num("--phase-gap-us", optarg, 0, 60e6); break;
         case 'Y': opt.host_sync = 1; break;
         case 'Z': opt.host_sync_s = parse_num("--host-sync-s", optarg, 0, 1e7); break;
         case 'v': opt.verify = 1; break;
@@ -264,8 +269,16 @@ static void parse(int argc, char **argv) {
         fprintf(stderr, "tgs-workload: --host-sync-s without --host-sync: give the synchronisation it limits\n");
         exit(2);
     }
-    give_both("--phase-s", opt.phase_s, "--phase-s S: how far into the run the phase starts", "--phase-kernels",
-              (double)opt.phase_kernels, "--phase-kernels K: the kernels per iteration from then on");
+    if (opt.phase_s && !opt.phase_kernels && opt.phase_gap_us < 0) {
+        fprintf(stderr, "tgs-workload: --phase-s %g without --phase-kernels or --phase-gap-us: give what changes "
+                        "then\n", opt.phase_s);
+        exit(2);
+    }
+    if (!opt.phase_s && (opt.phase_kernels || opt.phase_gap_us >= 0)) {
+        fprintf(stderr, "tgs-workload: %s without --phase-s: give how far into the run the phase starts\n",
+                opt.phase_kernels ? "--phase-kernels" : "--phase-gap-us");
+        exit(2);
+    }
     if (opt.phase_kernels && opt.long_kernels > opt.phase_kernels) {
         fprintf(stderr, "tgs-workload: --long-kernels %ld: more than the %ld kernels per iteration of the phase "
                         "(--phase-kernels)\n", opt.long_kernels, opt.phase_kernels);
@@ -432,14 +445,16 @@ int main(int argc, char **argv) {
     unsigned long long long_ns = (unsigned long long)(opt.long_us * 1000.0);
     unsigned stride = STRIDE, delta = 1;
 
-    double start = now_s(), last_t = start, next = start + opt.report_s, warm_t = -1;
+    double start = now_s(), last_t = start, next = start + opt.report_s, warm_t = -1, gap_us = opt.gap_us;
     uint64_t it = 0, kernels = 0, last_it = 0, warm_it = 0;
     for (;;) {
         double t = now_s();
         if (t - start >= opt.seconds || (opt.iterations && (long)it >= opt.iterations) || stop_asked)
             break;
-        if (opt.phase_kernels && t - start >= opt.phase_s)
-            K = (size_t)opt.phase_kernels;
+        if (opt.phase_s && t - start >= opt.phase_s) {
+            K = opt.phase_kernels ? (size_t)opt.phase_kernels : K;
+            gap_us = opt.phase_gap_us >= 0 ? opt.phase_gap_us : gap_us;
+        }
         for (size_t k = 0; k < K; k++) {
             size_t po = k * ps < params.bytes ? k * ps : params.bytes;
             size_t ao = k * as < acts.bytes ? k * as : acts.bytes;
@@ -463,7 +478,7 @@ int main(int argc, char **argv) {
         CHECK(cu.CtxSynchronize(), "cuCtxSynchronize");
         it++;
         kernels += K;
-        sleep_us(opt.gap_us);
+        sleep_us(gap_us);
         if (opt.stall_every && it % (uint64_t)opt.stall_every == 0)
             sleep_us(opt.stall_us);
         t = now_s();

@@ -510,6 +510,43 @@ def test_a_job_idle_inside_its_steps_is_expected_by_its_steps(simgpu, host, cont
         assert p1 - p0 <= 0.05 * (t1 - t0), f"{phase}: paused {(p1 - p0) / 1e6:.1f} ms of {(t1 - t0) / 1e6:.0f}"
 
 
+def test_a_job_whose_spells_between_steps_shorten_is_expected_by_its_new_ones(simgpu, host, container, libshim):
+    """The job of the test above, idle 0.3 ms inside each step throughout, is on its host
+    0.25 s between steps for its first 4 s and 20 ms from then on (a data loader whose
+    first epoch read from disk). A 20 ms spell is too short to be one between its known
+    steps: once it has done two steps' work without one, its shim knows its steps no more
+    and learns them afresh. Knowing its old steps for good, it expected every spell to last
+    0.25 s (tgsd read a rhythm of 0.5 s) and marked no iteration again."""
+    prod = container(proto.Class.PRODUCTION, "prod")
+    job = Workload(kernel_us=10_000, kernels=5, gap_us=250_000, seconds=10, report_s=1, host_us=300, host_sync=True,
+                   phase_s=4, phase_gap_us=20_000)
+    p = simgpu.workload(job, "prod", {**prod.env(libshim.shim), "TGS_LOG_LEVEL": "debug"})
+    simgpu.wait_for_contexts(["prod"])
+    activity = host.activity(simgpu.uuids()[0])
+
+    def watch(seconds: float) -> tuple[list[float], list[tuple[int, int, int]]]:
+        rhythms, marks = [], []
+        for _ in range(round(seconds / 0.05)):
+            rhythms.append(activity.rhythm_ns(0) / 1e9)
+            m = prod.control.iteration_mark(0)
+            if m and (not marks or m != marks[-1]):
+                marks.append(m)
+            time.sleep(0.05)
+        return rhythms, marks
+
+    time.sleep(2.5)
+    before, _ = watch(1.0)
+    time.sleep(2.0)  # the phase began at 4 s: two steps' work, then three steps learnt afresh
+    rhythms, marks = watch(2.5)
+    assert p.wait() == 0, p.stderr
+    assert any(0.45 <= r <= 0.6 for r in before), f"its first steps unknown: rhythm {sorted(set(before))}"
+    assert "knows its steps no more" in p.stderr, p.stderr[-2000:]
+    assert max(rhythms) <= 0.1, f"its rhythm {sorted(set(rhythms))} once its spells between steps were 20 ms"
+    step = job.kernels * BLOCKS
+    assert len(marks) >= 10 and all(blocks % step == 0 for _, blocks, _ in marks), \
+        f"{len(marks)} marks in 2.5 s of 70 ms steps, at {[b / step for _, b, _ in marks]} steps"
+
+
 def test_production_counts_its_own_pauses_for_tgsd_to_leave_out(simgpu, container, libshim):
     """An idle spell far longer than the gaps between production's iterations (a data
     loader's stall) is a pause of the job's own: its shim counts the part beyond twice the

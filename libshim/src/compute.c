@@ -135,8 +135,11 @@ static int spell_between_steps(struct tgs_gpu *g, uint64_t spell, uint64_t idle,
     int between = g->step_work ? 4 * spell >= g->step_spell_lo : shortest && spell >= TGS_STEP_SPELL * shortest;
     if (!between) {
         g->step_inside_ns += spell;
-        if (g->step_work && blocks - g->step_blocks > 2 * g->step_work)
-            g->step_work = 0;
+        if (g->step_work && blocks - g->step_blocks > 2 * g->step_work) {
+            tgs_log(TGS_LOG_DEBUG, "knows its steps no more: %llu blocks without a spell between them",
+                    (unsigned long long)(blocks - g->step_blocks));
+            g->step_work = g->logged_step_work = 0; /* learnt again, they are logged again */
+        }
         return 0;
     }
     uint64_t span = idle > g->step_ns ? idle - g->step_ns : 0;

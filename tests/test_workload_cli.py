@@ -1,6 +1,7 @@
 """The workload program's flags and output contract."""
 from __future__ import annotations
 
+import itertools
 import json
 import signal
 import subprocess
@@ -89,6 +90,24 @@ def test_a_phase_changes_the_gap_between_iterations_within_the_run(simgpu):
     assert 0.4 <= ratio <= 0.6, f"{early} it/s before the phase, {late} in it"
 
 
+def test_a_spread_gap_varies_from_iteration_to_iteration_with_the_same_draws_every_run(simgpu):
+    """--gap-spread 0.3: each 20 ms gap drawn within 14-26 ms, after 2 ms of kernels. With a
+    progress line after each iteration, the iterations' lengths vary over most of that
+    range about 22 ms, and a second run draws the same lengths."""
+    w = Workload(kernel_us=1000, kernels=2, gap_us=20_000, gap_spread=0.3, iterations=80, seconds=30, report_s=0.01)
+    runs = [simgpu.run(w, f"w{i}") for i in range(2)]
+    assert all(p.popen.returncode == 0 for p in runs), [p.stderr for p in runs]
+    lengths = []
+    for p in runs:
+        lines = [b for b in parse_output(p.stdout) if not b.summary]
+        assert all(b.iterations - a.iterations == 1 for a, b in itertools.pairwise(lines)), "a line an iteration"
+        lengths.append([(b.elapsed_s - a.elapsed_s) * 1e3 for a, b in itertools.pairwise(lines)])
+    first, second = lengths
+    assert max(first) - min(first) >= 8 and 19 <= sum(first) / len(first) <= 25, f"iterations of {first} ms"
+    apart = sum(abs(a - b) for a, b in zip(first, second)) / min(len(first), len(second))
+    assert apart <= 2, f"two runs' iterations {apart:.1f} ms apart on average: {first[:8]}, {second[:8]}"
+
+
 def test_host_work_mid_iteration_overlaps_the_kernels_queued_before_it(simgpu):
     """--host-us: after the first half of an iteration's kernels is queued, the job works on
     the host while the GPU runs them. 1 ms of it behind 2 ms of queued kernels costs the
@@ -111,6 +130,8 @@ def test_host_work_mid_iteration_overlaps_the_kernels_queued_before_it(simgpu):
     (["--kernels", "4", "--long-kernels", "5"], "--long-kernels 5: more than the 4 kernels"),
     (["--shapes", "0"], "--shapes 0"),
     (["--host-us", "-1"], "--host-us -1"),
+    (["--gap-spread", "0.2"], "--gap-spread without --gap-us"),
+    (["--gap-us", "1000", "--gap-spread", "1"], "--gap-spread 1"),
     (["--host-sync"], "--host-sync without --host-us"),
     (["--host-us", "100", "--host-sync-s", "2"], "--host-sync-s without --host-sync"),
     (["--stall-us", "300000"], "--stall-us 300000 without --stall-every: give both"),

@@ -16,6 +16,7 @@ class Workload:
     kernel_us: float = 1000
     kernels: int = 10
     gap_us: float = 0
+    gap_spread: float = 0           # each gap drawn within gap_us * (1 +- this), the same draws every run
     seconds: float = 10
     param_mb: float = 16
     act_mb: float = 16
@@ -78,6 +79,8 @@ class Workload:
             out += ["--long-us", f"{self.long_us:g}"]
         if self.shapes != 1:
             out += ["--shapes", str(self.shapes)]
+        if self.gap_spread:
+            out += ["--gap-spread", f"{self.gap_spread:g}"]
         if self.host_us:
             out += ["--host-us", f"{self.host_us:g}"]
         if self.host_sync:

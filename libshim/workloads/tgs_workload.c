@@ -67,7 +67,8 @@ static struct {
     double phase_s;    /* from this far into the run ... */
     long phase_kernels; /* ... this many kernels per iteration (0: --kernels throughout) */
     double phase_gap_us; /* ... and this much CPU time between iterations (-1: --gap-us throughout) */
-} opt = {1000, 0, 10, 1, -1, 10, 16, 16, 0, 0, 0, 0, 0, 0, -1, 1, 0, 0, 0, 0, 0, 0, 0, -1};
+    double gap_spread;   /* each gap drawn within gap * (1 +- this) */
+} opt = {1000, 0, 10, 1, -1, 10, 16, 16, 0, 0, 0, 0, 0, 0, -1, 1, 0, 0, 0, 0, 0, 0, 0, -1, 0};
 
 static double now_s(void) {
     struct timespec ts;
@@ -156,6 +157,9 @@ static void usage(FILE *f) {
             "                   ones: twice (SMs + N-1), plus that many); N kernels of each kind to\n"
             "                   whoever tells kernels apart by their grid, as dynamic shapes (default 1)\n"
             "  --gap-us US      CPU time between iterations (default 0: GPU-bound)\n"
+            "  --gap-spread F   each gap drawn uniformly within US * (1 +- F), the same draws every run\n"
+            "                   (a data loader whose batches take more or less time; 0 <= F < 1;\n"
+            "                   needs --gap-us; default 0)\n"
             "  --host-us US     host work in each iteration once the first half of its kernels is queued,\n"
             "                   while the GPU runs them (a framework's work between launches; the\n"
             "                   thread sleeps; default 0)\n"
@@ -218,7 +222,8 @@ static void parse(int argc, char **argv) {
         {"print-ptx", 0, 0, 'P'}, {"help", 0, 0, 'h'},    {"iterations", 1, 0, 'n'}, {"long-kernels", 1, 0, 'L'},
         {"long-us", 1, 0, 'U'},   {"shapes", 1, 0, 'S'},    {"host-us", 1, 0, 'H'},   {"stall-us", 1, 0, 'T'},
         {"stall-every", 1, 0, 'E'}, {"phase-s", 1, 0, 'A'}, {"phase-kernels", 1, 0, 'B'}, {"host-sync", 0, 0, 'Y'},
-        {"host-sync-s", 1, 0, 'Z'}, {"phase-gap-us", 1, 0, 'G'}, {0, 0, 0, 0}};
+        {"host-sync-s", 1, 0, 'Z'}, {"phase-gap-us", 1, 0, 'G'}, {"gap-spread", 1, 0, 'F'},
+        {0, 0, 0, 0}};
     int c;
     while ((c = getopt_long(argc, argv, "h", longs, NULL)) != -1) {
         switch (c) {
@@ -241,6 +246,7 @@ static void parse(int argc, char **argv) {
         case 'A': opt.phase_s = parse_num("--phase-s", optarg, 0, 1e7); break;
         case 'B': opt.phase_kernels = (long)parse_num("--phase-kernels", optarg, 1, 100000); break;
         case 'G': opt.phase_gap_us = parse_num("--phase-gap-us", optarg, 0, 60e6); break;
+        case 'F': opt.gap_spread = parse_num("--gap-spread", optarg, 0, 0.99); break;
         case 'Y': opt.host_sync = 1; break;
         case 'Z': opt.host_sync_s = parse_num("--host-sync-s", optarg, 0, 1e7); break;
         case 'v': opt.verify = 1; break;
@@ -259,6 +265,10 @@ static void parse(int argc, char **argv) {
     if (opt.long_kernels > opt.kernels) {
         fprintf(stderr, "tgs-workload: --long-kernels %ld: more than the %ld kernels per iteration (--kernels)\n",
                 opt.long_kernels, opt.kernels);
+        exit(2);
+    }
+    if (opt.gap_spread && !opt.gap_us) {
+        fprintf(stderr, "tgs-workload: --gap-spread without --gap-us: give the gap it spreads\n");
         exit(2);
     }
     if (opt.host_sync && !opt.host_us) {
@@ -358,6 +368,15 @@ static int check_pattern(struct buffer *b, uint64_t iterations, uint64_t *bad) {
     }
     free(h);
     return ok;
+}
+
+/* The next of a fixed sequence of draws, uniform in [0, 1) (xorshift64*: the same every run). */
+static double draw(void) {
+    static uint64_t x = 0x9e3779b97f4a7c15ull;
+    x ^= x >> 12;
+    x ^= x << 25;
+    x ^= x >> 27;
+    return (double)((x * 0x2545f4914f6cdd1dull) >> 11) / 9007199254740992.0;
 }
 
 static void sleep_us(double us) {
@@ -478,7 +497,7 @@ int main(int argc, char **argv) {
         CHECK(cu.CtxSynchronize(), "cuCtxSynchronize");
         it++;
         kernels += K;
-        sleep_us(gap_us);
+        sleep_us(opt.gap_spread ? gap_us * (1 + opt.gap_spread * (2 * draw() - 1)) : gap_us);
         if (opt.stall_every && it % (uint64_t)opt.stall_every == 0)
             sleep_us(opt.stall_us);
         t = now_s();

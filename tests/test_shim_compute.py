@@ -4,6 +4,7 @@ loose and read from simgpu's own accounting."""
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import re
 import subprocess
@@ -424,6 +425,19 @@ def iteration_marks(control, seconds: float) -> list[tuple[int, int, int]]:
     return marks
 
 
+def rhythms_and_marks(activity, control, seconds: float) -> tuple[list[float], list[tuple[int, int, int]]]:
+    """The rhythm production's process in slot 0 expects (s, from `activity`) and its
+    container's iteration starts on GPU 0, as tgsd reads them every 50 ms over `seconds`."""
+    rhythms, marks = [], []
+    for _ in range(round(seconds / 0.05)):
+        rhythms.append(activity.rhythm_ns(0) / 1e9)
+        m = control.iteration_mark(0)
+        if m and (not marks or m != marks[-1]):
+            marks.append(m)
+        time.sleep(0.05)
+    return rhythms, marks
+
+
 def test_production_marks_each_iteration_start_for_tgsd_to_time(simgpu, container, libshim):
     """The first launch after a completed synchronisation marks an iteration's start with
     the blocks launched before it: whole iterations lie between two marks, so tgsd times
@@ -485,16 +499,7 @@ def test_a_job_idle_inside_its_steps_is_expected_by_its_steps(simgpu, host, cont
     p = simgpu.workload(job, "prod", prod.env(libshim.shim))
     simgpu.wait_for_contexts(["prod"])
     activity = host.activity(simgpu.uuids()[0])
-
-    def watch(seconds: float) -> tuple[list[float], list[tuple[int, int, int]]]:
-        rhythms, marks = [], []
-        for _ in range(round(seconds / 0.05)):
-            rhythms.append(activity.rhythm_ns(0) / 1e9)
-            m = prod.control.iteration_mark(0)
-            if m and (not marks or m != marks[-1]):
-                marks.append(m)
-            time.sleep(0.05)
-        return rhythms, marks
+    watch = functools.partial(rhythms_and_marks, activity, prod.control)
 
     time.sleep(2.5)  # its first steps, learnt (in four of them, with room for a loaded machine)
     inside = watch(1.5)
@@ -523,16 +528,7 @@ def test_a_job_whose_spells_between_steps_shorten_is_expected_by_its_new_ones(si
     p = simgpu.workload(job, "prod", {**prod.env(libshim.shim), "TGS_LOG_LEVEL": "debug"})
     simgpu.wait_for_contexts(["prod"])
     activity = host.activity(simgpu.uuids()[0])
-
-    def watch(seconds: float) -> tuple[list[float], list[tuple[int, int, int]]]:
-        rhythms, marks = [], []
-        for _ in range(round(seconds / 0.05)):
-            rhythms.append(activity.rhythm_ns(0) / 1e9)
-            m = prod.control.iteration_mark(0)
-            if m and (not marks or m != marks[-1]):
-                marks.append(m)
-            time.sleep(0.05)
-        return rhythms, marks
+    watch = functools.partial(rhythms_and_marks, activity, prod.control)
 
     time.sleep(2.5)
     before, _ = watch(1.0)

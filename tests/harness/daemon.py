@@ -27,7 +27,7 @@ class Registration(ProcessContainer):
 
 
 @dataclasses.dataclass
-class Window:
+class StatusWindow:
     """Two simgpu snapshots `seconds` apart, and tgsd's status of the GPU every 0.1 s between."""
     before: dict
     after: dict
@@ -65,7 +65,7 @@ class Tgsd(ChildTgsd):
                 return c
         return None
 
-    def quiet_window(self, seconds: float, within_s: float, *, unlimited: bool = False) -> Window:
+    def quiet_window(self, seconds: float, within_s: float, *, unlimited: bool = False) -> StatusWindow:
         """A window of `seconds` in which tgsd did not profile (and, with `unlimited`, held
         no rate), measured again until one is found or `within_s` has passed (then the
         last, with quiet False). A profile gates opportunistic work for about a second
@@ -80,7 +80,7 @@ class Tgsd(ChildTgsd):
             ctl = [g["controller"] for g in samples]
             quiet = not any(c["state"] == "profile" or (unlimited and c["rate_blocks_per_s"] is not None) for c in ctl)
             if quiet or time.monotonic() > deadline:
-                return Window(before, self.simgpu.status(), samples, quiet)
+                return StatusWindow(before, self.simgpu.status(), samples, quiet)
 
     def events(self) -> list[dict]:
         out = []

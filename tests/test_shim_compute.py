@@ -413,29 +413,26 @@ def test_a_reading_that_production_s_time_slices_went_into_does_not_lengthen_a_k
     assert re.search(r"\d+ timings of its kernels were left out as longer than known", o.stderr), o.stderr[-2000:]
 
 
-def iteration_marks(control, seconds: float) -> list[tuple[int, int, int]]:
-    """The iteration starts a production container's shims mark on GPU 0 over `seconds`,
-    as tgsd reads them (every 50 ms), each once."""
+def rhythms_and_marks(activity, control, seconds: float) -> tuple[list[float], list[tuple[int, int, int]]]:
+    """The rhythm production's process in slot 0 expects (s, from `activity`; none read
+    where it is None) and the iteration starts its container's shims mark on GPU 0, each
+    once, as tgsd reads them every 50 ms over `seconds`."""
+    rhythms: list[float] = []
     marks: list[tuple[int, int, int]] = []
     for _ in range(round(seconds / 0.05)):
-        m = control.iteration_mark(0)
-        if m and (not marks or m != marks[-1]):
-            marks.append(m)
-        time.sleep(0.05)
-    return marks
-
-
-def rhythms_and_marks(activity, control, seconds: float) -> tuple[list[float], list[tuple[int, int, int]]]:
-    """The rhythm production's process in slot 0 expects (s, from `activity`) and its
-    container's iteration starts on GPU 0, as tgsd reads them every 50 ms over `seconds`."""
-    rhythms, marks = [], []
-    for _ in range(round(seconds / 0.05)):
-        rhythms.append(activity.rhythm_ns(0) / 1e9)
+        if activity is not None:
+            rhythms.append(activity.rhythm_ns(0) / 1e9)
         m = control.iteration_mark(0)
         if m and (not marks or m != marks[-1]):
             marks.append(m)
         time.sleep(0.05)
     return rhythms, marks
+
+
+def iteration_marks(control, seconds: float) -> list[tuple[int, int, int]]:
+    """The iteration starts a production container's shims mark on GPU 0 over `seconds`
+    (`rhythms_and_marks`)."""
+    return rhythms_and_marks(None, control, seconds)[1]
 
 
 def test_production_marks_each_iteration_start_for_tgsd_to_time(simgpu, container, libshim):

@@ -34,6 +34,11 @@ class StatusWindow:
     samples: list[dict]
     quiet: bool  # tgsd neither profiled nor (where asked) held a rate in it
 
+    @property
+    def caveat(self) -> str:
+        """For a failure message: what it means where no quiet window was found."""
+        return "" if self.quiet else " (every window searched had a profile or a rate limit it was to be without)"
+
 
 class Tgsd(ChildTgsd):
     """A ChildTgsd on the test's simulated GPU, with the test conveniences."""

@@ -63,7 +63,9 @@ class Job:
         sees it over that long."""
         rates = [r.iterations_per_s for t, r in zip(self.arrivals, self.reports)
                  if w0 <= t <= w1 and not r.summary]
-        mean = statistics.fmean(rates) if len(rates) >= 3 else 0.0
+        if len(rates) < 3:
+            return None
+        mean = statistics.fmean(rates)
         return statistics.pstdev(rates) / mean if mean > 0 else None
 
     def reported_since(self, t: float) -> bool:

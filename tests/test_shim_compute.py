@@ -15,6 +15,7 @@ import pytest
 from harness.shimside import counters, waits
 from harness.simgpu import SM_COUNT
 from tgs_runtime import proto, sim
+from tgs_runtime.control import IterationMark
 from tgs_runtime.workload import Workload
 
 BLOCKS = SM_COUNT  # blocks of each of the workload's kernels
@@ -413,12 +414,12 @@ def test_a_reading_that_production_s_time_slices_went_into_does_not_lengthen_a_k
     assert re.search(r"\d+ timings of its kernels were left out as longer than known", o.stderr), o.stderr[-2000:]
 
 
-def rhythms_and_marks(activity, control, seconds: float) -> tuple[list[float], list[tuple[int, int, int]]]:
+def rhythms_and_marks(activity, control, seconds: float) -> tuple[list[float], list[IterationMark]]:
     """The rhythm production's process in slot 0 expects (s, from `activity`; none read
     where it is None) and the iteration starts its container's shims mark on GPU 0, each
     once, as tgsd reads them every 50 ms over `seconds`."""
     rhythms: list[float] = []
-    marks: list[tuple[int, int, int]] = []
+    marks: list[IterationMark] = []
     for _ in range(round(seconds / 0.05)):
         if activity is not None:
             rhythms.append(activity.rhythm_ns(0) / 1e9)
@@ -429,7 +430,7 @@ def rhythms_and_marks(activity, control, seconds: float) -> tuple[list[float], l
     return rhythms, marks
 
 
-def iteration_marks(control, seconds: float) -> list[tuple[int, int, int]]:
+def iteration_marks(control, seconds: float) -> list[IterationMark]:
     """The iteration starts a production container's shims mark on GPU 0 over `seconds`
     (`rhythms_and_marks`)."""
     return rhythms_and_marks(None, control, seconds)[1]
@@ -449,9 +450,14 @@ def test_production_marks_each_iteration_start_for_tgsd_to_time(simgpu, containe
     b, end = sim.contexts(simgpu.status())["prod"], time.monotonic()
     p.wait()
     per_iteration = HALF.kernels * BLOCKS
-    assert len(marks) >= 20 and all(blocks % per_iteration == 0 for _, blocks, _ in marks), marks[:5]
-    (t0, b0, p0), (t1, b1, p1) = marks[0], marks[-1]
+    assert len(marks) >= 20 and all(m.blocks % per_iteration == 0 for m in marks), marks[:5]
+    first, last = marks[0], marks[-1]
+    (t0, b0, p0), (t1, b1, p1) = (first.ns, first.blocks, first.paused_ns), (last.ns, last.blocks, last.paused_ns)
     assert abs(t1 / 1e9 - end) < 1.0, "the mark's clock is tgsd's (CLOCK_MONOTONIC)"
+    iterations = (b1 - b0) // per_iteration
+    assert last.number - first.number == iterations, f"{last.number - first.number} starts for {iterations} iterations"
+    busy = (last.busy_ns - first.busy_ns) / (t1 - t0)
+    assert 0.4 <= busy <= 0.7, f"busy {busy:.2f} of the time between its marks, at 50 % duty"
     timed = (b1 - b0) / ((t1 - t0) / 1e9)
     counted = (b["kernels"] - a["kernels"]) * BLOCKS / (end - start)
     pace = per_iteration * 1e6 / (HALF.kernel_us * HALF.kernels + HALF.gap_us)
@@ -475,8 +481,8 @@ def test_a_workload_that_syncs_before_its_host_work_idles_inside_each_iteration(
     marks = iteration_marks(prod.control, 3.0)
     assert p.wait() == 0, p.stderr
     half = job.kernels // 2 * BLOCKS
-    assert len(marks) >= 40 and all(blocks % half == 0 for _, blocks, _ in marks), marks[:5]
-    mid = [blocks for _, blocks, _ in marks if blocks % (2 * half)]
+    assert len(marks) >= 40 and all(m.blocks % half == 0 for m in marks), marks[:5]
+    mid = [m.blocks for m in marks if m.blocks % (2 * half)]
     assert len(mid) >= len(marks) // 3, f"no mark after the first half of an iteration: {marks[:6]}"
 
 
@@ -508,9 +514,9 @@ def test_a_job_idle_inside_its_steps_is_expected_by_its_steps(simgpu, host, cont
     step = job.kernels * BLOCKS
     for phase, (rhythms, marks) in {"with spells inside": inside, "after them": after}.items():
         assert any(0.45 <= r <= 0.6 for r in rhythms), f"{phase}: its rhythm {sorted(set(rhythms))} (0.25 s spells)"
-        assert len(marks) >= 3 and all(blocks % step == 0 for _, blocks, _ in marks), \
-            f"{phase}: marks not at step starts: {[b / step for _, b, _ in marks]}"
-        (t0, _, p0), (t1, _, p1) = marks[0], marks[-1]
+        assert len(marks) >= 3 and all(m.blocks % step == 0 for m in marks), \
+            f"{phase}: marks not at step starts: {[m.blocks / step for m in marks]}"
+        (t0, p0), (t1, p1) = (marks[0].ns, marks[0].paused_ns), (marks[-1].ns, marks[-1].paused_ns)
         assert p1 - p0 <= 0.05 * (t1 - t0), f"{phase}: paused {(p1 - p0) / 1e6:.1f} ms of {(t1 - t0) / 1e6:.0f}"
 
 
@@ -538,8 +544,8 @@ def test_a_job_whose_spells_between_steps_shorten_is_expected_by_its_new_ones(si
     assert "knows its steps no more" in p.stderr, p.stderr[-2000:]
     assert max(rhythms) <= 0.1, f"its rhythm {sorted(set(rhythms))} once its spells between steps were 20 ms"
     step = job.kernels * BLOCKS
-    assert len(marks) >= 10 and all(blocks % step == 0 for _, blocks, _ in marks), \
-        f"{len(marks)} marks in 2.5 s of 70 ms steps, at {[b / step for _, b, _ in marks]} steps"
+    assert len(marks) >= 10 and all(m.blocks % step == 0 for m in marks), \
+        f"{len(marks)} marks in 2.5 s of 70 ms steps, at {[m.blocks / step for m in marks]} steps"
 
 
 def test_production_counts_its_own_pauses_for_tgsd_to_leave_out(simgpu, container, libshim):
@@ -556,7 +562,7 @@ def test_production_counts_its_own_pauses_for_tgsd_to_leave_out(simgpu, containe
     marks = iteration_marks(prod.control, 3.0)
     p.wait()
     per_iteration = stalling.kernels * BLOCKS
-    (t0, b0, p0), (t1, b1, p1) = marks[0], marks[-1]
+    (t0, b0, p0), (t1, b1, p1) = ((m.ns, m.blocks, m.paused_ns) for m in (marks[0], marks[-1]))
     # the stall after iteration k ends at the mark with k iterations before it
     stalls = sum(1 for k in range(b0 // per_iteration + 1, b1 // per_iteration + 1) if k % stalling.stall_every == 0)
     paused, span = (p1 - p0) / 1e9, (t1 - t0) / 1e9

@@ -21,7 +21,7 @@ from bench.common import HostCpu
 from harness.simgpu import SM_COUNT
 from tgs_runtime import proto, sim
 from tgs_runtime.admin import Refused
-from tgs_runtime.control import ActivityFile
+from tgs_runtime.control import ActivityFile, IterationMark
 from tgs_runtime.workload import Workload
 
 HALF = Workload.with_duty(0.5, period_ms=20, kernels=10, seconds=9, report_s=0.5)
@@ -43,33 +43,37 @@ def test_a_production_container_without_processes_leaves_the_other_timed():
     def process(*gpus):
         return SimpleNamespace(gpus=set(gpus))
 
-    running = container("a", {1: process()}, (2_000_000_000, 5400, 0))
+    running = container("a", {1: process()}, IterationMark(2_000_000_000, 5400))
     waiting = container("b", {}, None)
     assert [(m.source, m.t, m.blocks) for m in _marks([running, waiting], "g0")] == [("a", 2.0, 5400)]
-    other = container("c", {2: process()}, (1_000_000_000, 10, 0))
+    other = container("c", {2: process()}, IterationMark(1_000_000_000, 10))
     assert [m.source for m in _marks([running, other], "g0")] == ["a", "c"], "two running jobs: each timed"
     assert _marks([running, container("d", {3: process()}, None)], "g0") == (), \
         "a running job without marks: production is counted"
 
 
-def test_a_container_s_pauses_are_left_out_where_one_of_its_processes_uses_the_gpu():
+def test_a_container_s_pauses_and_busy_time_are_left_out_where_one_of_its_processes_uses_the_gpu():
     """The pauses in a mark are left out of production's progress where one process of the
     container uses the GPU (one rank per GPU: each GPU's are its rank's), or, none seen on
-    it yet, the container has one process; the pauses of two on one GPU are kept in."""
+    it yet, the container has one process; the pauses of two on one GPU are kept in. Its
+    busy time is known likewise (its host spells are timed from it: `Window.host_spells`)."""
     from types import SimpleNamespace
 
     from tgs_runtime.daemon.service import _marks
 
-    def paused(*processes):
-        control = SimpleNamespace(iteration_mark=lambda slot: (2_000_000_000, 5400, 300_000_000))
+    def mark(*processes):
+        control = SimpleNamespace(iteration_mark=lambda slot: IterationMark(2_000_000_000, 5400, 300_000_000,
+                                                                            700_000_000, 9))
         c = SimpleNamespace(id="a", processes={i: SimpleNamespace(gpus=set(g)) for i, g in enumerate(processes)},
                             control=control)
-        return _marks([(c, 0)], "g0")[0].paused_s
+        m = _marks([(c, 0)], "g0")[0]
+        assert m.number == 9
+        return m.paused_s, m.busy_s
 
-    assert paused({"g0"}, {"g1"}) == 0.3, "one rank per GPU"
-    assert paused(set()) == 0.3, "one process, not seen on the GPU yet"
-    assert paused({"g0"}, {"g0"}) == 0.0, "two processes on the GPU"
-    assert paused(set(), set()) == 0.0, "two processes, neither seen on the GPU yet"
+    assert mark({"g0"}, {"g1"}) == (0.3, 0.7), "one rank per GPU"
+    assert mark(set()) == (0.3, 0.7), "one process, not seen on the GPU yet"
+    assert mark({"g0"}, {"g0"}) == (0.0, None), "two processes on the GPU"
+    assert mark(set(), set()) == (0.0, None), "two processes, neither seen on the GPU yet"
 
 
 def busy(simgpu, labels, seconds):

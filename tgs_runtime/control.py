@@ -15,6 +15,19 @@ from tgs_runtime import proto
 
 
 @dataclass(frozen=True)
+class IterationMark:
+    """A production container's latest iteration start on a GPU, as its shims marked it
+    (tgs_proto.h): CLOCK_MONOTONIC ns; the blocks, the ns of its pauses (tgs_gpu_pauses)
+    and of its busy time (mark_busy_ns) before it, the last two 0 from shims before them;
+    and its number (the iteration starts marked so far: mark_seq / 2)."""
+    ns: int
+    blocks: int
+    paused_ns: int = 0
+    busy_ns: int = 0
+    number: int = 0
+
+
+@dataclass(frozen=True)
 class StatePaths:
     """Where everything lives under tgsd's state_dir (ARCHITECTURE.md, "Paths")."""
 
@@ -153,16 +166,16 @@ class ControlBlock(_Mapped):
         """Production's pauses of its own on the GPU (tgs_proto.h's tgs_gpu_pauses)."""
         return self.view.pauses[slot]
 
-    def iteration_mark(self, slot: int) -> tuple[int, int, int] | None:
-        """A production shim's latest iteration start: (CLOCK_MONOTONIC ns, blocks before
-        it, ns of its pauses before it: tgs_proto.h's tgs_gpu_pauses, 0 from shims before
-        them), or None when none was marked or a shim is writing one right now."""
+    def iteration_mark(self, slot: int) -> IterationMark | None:
+        """A production shim's latest iteration start, or None when none was marked or a
+        shim is writing one right now."""
         c = self.view.shim.gpu[slot]
         seq = c.mark_seq
         if seq == 0 or seq & 1:
             return None
-        ns, blocks, paused = c.mark_ns, c.mark_blocks, self.pauses(slot).mark_paused_ns
-        return (ns, blocks, paused) if c.mark_seq == seq else None
+        m = IterationMark(c.mark_ns, c.mark_blocks, self.pauses(slot).mark_paused_ns, self.view.mark_busy_ns[slot],
+                          seq // 2)
+        return m if c.mark_seq == seq else None
 
     def set_budget(self, slot: int, *, rate: int | None = None, burst: int | None = None, floor: int | None = None,
                    inflight: int | None = None, quota: int | None = None, view_total: int | None = None,

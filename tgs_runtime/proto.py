@@ -171,7 +171,8 @@ class Control(Struct):
         ("shim", ShimPart),
         ("pad2", u8 * (PAUSES_OFFSET - SHIM_OFFSET - C.sizeof(ShimPart))),
         ("pauses", GpuPauses * MAX_GPUS),
-        ("pad3", u8 * (CONTROL_SIZE - PAUSES_OFFSET - MAX_GPUS * C.sizeof(GpuPauses))),
+        ("mark_busy_ns", u64 * MAX_GPUS),  # production's busy_ns at its latest iteration start
+        ("pad3", u8 * (CONTROL_SIZE - PAUSES_OFFSET - MAX_GPUS * (C.sizeof(GpuPauses) + C.sizeof(u64)))),
     ]
 
 

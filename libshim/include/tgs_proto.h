@@ -167,6 +167,14 @@ struct tgs_gpu_pauses {
     uint64_t mark_paused_ns; /* paused_ns at the latest iteration start (under its mark_seq) */
 };
 
+/* After the pauses, in page 3 likewise: production's busy time (its counters' busy_ns) at
+ * its latest iteration start, per GPU, under its mark_seq (0 from shims before it). With
+ * mark_seq, which grows by 2 per iteration start, tgsd knows the busy time and the number
+ * of iterations between two marks: it times production's progress by its busy time and a
+ * host spell per iteration fixed when it measured production alone, where host spells
+ * that vary from one iteration to the next would read as falls and rises of its progress
+ * (docs/daemon.md, "Busy time"). */
+
 struct tgs_control {
     struct tgs_control_header header;
     uint8_t pad0[TGS_DAEMON_OFFSET - sizeof(struct tgs_control_header)];
@@ -175,7 +183,8 @@ struct tgs_control {
     struct tgs_shim_part shim;
     uint8_t pad2[TGS_PAUSES_OFFSET - TGS_SHIM_OFFSET - sizeof(struct tgs_shim_part)];
     struct tgs_gpu_pauses pauses[TGS_MAX_GPUS];
-    uint8_t pad3[TGS_CONTROL_SIZE - TGS_PAUSES_OFFSET - TGS_MAX_GPUS * sizeof(struct tgs_gpu_pauses)];
+    uint64_t mark_busy_ns[TGS_MAX_GPUS];
+    uint8_t pad3[TGS_CONTROL_SIZE - TGS_PAUSES_OFFSET - TGS_MAX_GPUS * (sizeof(struct tgs_gpu_pauses) + sizeof(uint64_t))];
 };
 
 /* ---------------------------------------------------------------------------------

@@ -31,7 +31,7 @@
 /* ---------- production activity ---------- */
 
 /* An iteration starts (the first launch since production was found idle): tell tgsd
- * when, and how many blocks came before it. Timed from one iteration start to another,
+ * when, and how many blocks, pauses and busy time came before it. Timed from one iteration start to another,
  * production's progress is exact; a window's block count is off by up to an iteration.
  * A writer that finds another one writing leaves the mark to it. */
 static void mark_iteration(struct tgs_gpu *g, uint64_t now) {
@@ -43,6 +43,7 @@ static void mark_iteration(struct tgs_gpu *g, uint64_t now) {
     __atomic_store_n(&c->mark_blocks, __atomic_load_n(&c->blocks, __ATOMIC_RELAXED), __ATOMIC_RELAXED);
     __atomic_store_n(&g->pauses->mark_paused_ns, __atomic_load_n(&g->pauses->paused_ns, __ATOMIC_RELAXED),
                      __ATOMIC_RELAXED);
+    __atomic_store_n(g->mark_busy_ns, __atomic_load_n(&c->busy_ns, __ATOMIC_RELAXED), __ATOMIC_RELAXED);
     __atomic_store_n(&c->mark_seq, seq + 2, __ATOMIC_RELEASE);
 }
 

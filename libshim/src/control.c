@@ -131,6 +131,7 @@ int tgs_control_open(void) {
         g->budget = &d->gpu[i];
         g->ctr = &g_tgs.shim->gpu[i];
         g->pauses = (struct tgs_gpu_pauses *)((char *)g_tgs.shim + (TGS_PAUSES_OFFSET - TGS_SHIM_OFFSET)) + i;
+        g->mark_busy_ns = (uint64_t *)((char *)g_tgs.shim + (offsetof(struct tgs_control, mark_busy_ns) - TGS_SHIM_OFFSET)) + i;
         pthread_mutex_init(&g->inflight_lock, NULL);
         g->time_every = TGS_TIME_EVERY;
         if (i < d->ngpus)

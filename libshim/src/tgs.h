@@ -112,6 +112,7 @@ struct tgs_gpu { /* one control-block GPU slot, as this process sees it */
     uint64_t step_spell_lo, step_spell_hi; /* production: then, the spells between them: the shortest, the longest
                                             * up to twice that */
     struct tgs_gpu_pauses *pauses;         /* production: its pauses (tgs_proto.h), in the control block */
+    uint64_t *mark_busy_ns;                /* production: its busy time at its latest mark (tgs_proto.h), likewise */
     uint64_t logged_gap;                   /* production: the shortest gap it last logged */
     uint64_t logged_step_work, logged_step_spell; /* production: the steps it last logged */
     struct tgs_stream_seen streams[TGS_STREAMS]; /* production: the streams it launched on */

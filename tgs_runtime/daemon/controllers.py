@@ -119,6 +119,10 @@ class Mark:
     t: float      # monotonic seconds
     blocks: int   # the container's production blocks launched before it
     paused_s: float = 0.0  # the container's pauses of its own before it (tgs_proto.h's mark_paused_ns)
+    # the container's busy time before it (tgs_proto.h's mark_busy_ns; None: not known, as
+    # for a container of several processes on the GPU), and its iteration starts so far
+    busy_s: float | None = None
+    number: int = 0
 
 
 @dataclass(frozen=True)

@@ -809,7 +809,8 @@ def _marks(prod, uuid: str) -> tuple[Mark, ...]:
     leaves out, where one of the container's processes uses this GPU (`uuid`: a container
     of one rank per GPU has its pauses left out on each), or, where none is known to yet,
     it has one process: the pauses of several on one GPU, each counted by its own shim,
-    overlap in ways their sum does not tell."""
+    overlap in ways their sum does not tell. So does its busy time before it (None where
+    its pauses are not left out: `Window.host_spells`)."""
     marks = []
     for c, slot in prod:
         if not c.processes:
@@ -819,7 +820,8 @@ def _marks(prod, uuid: str) -> tuple[Mark, ...]:
             return ()
         users = sum(uuid in p.gpus for p in c.processes.values())
         alone = users == 1 if users else len(c.processes) == 1
-        marks.append(Mark(c.id, m[0] / 1e9, m[1], m[2] / 1e9 if alone else 0.0))
+        marks.append(Mark(c.id, m.ns / 1e9, m.blocks, m.paused_ns / 1e9 if alone else 0.0,
+                          m.busy_ns / 1e9 if alone else None, m.number))
     return tuple(marks)
 
 

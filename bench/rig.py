@@ -17,7 +17,8 @@ rhythms: iterations of 0.1, 0.2 and 0.4 s on the GPU and 0.3, 0.6, 0.7, 1, 1.5, 
 on the host (a slow data loader, an environment's step), where opportunistic work is allowed the
 one rate through both that costs production exactly the tolerance, and irregular rhythms:
 0.2 s on the GPU and 0.5, 1, 1.5 or 3 s on the host, each spell drawn within +-7, 17 or
-33 % of it (its shim expecting twice the shortest of its last eight spells); each at
+33 % of it (its shim expecting twice the shortest of its last eight spells; its marks carry
+its busy time, the seconds its bursts took, so tgsd times it by that); each at
 harm 0.01, 0.03 and 0.1 (full rate costs production 2, 6 and 20 %) and lag 0, 0.3 and 0.6
 s. Production's shim marks an iteration start every 0.1 s while it runs, so tgsd times
 its progress from them, as it times a job's that synchronises each iteration, and counts
@@ -89,6 +90,7 @@ class Rig:
         self.burst_left = 0.0  # ... the blocks left of the one under way (0: on its host)
         self.host_left = 0.0   # ... the seconds left of its host work
         self.iterations = 0
+        self.busy_s = 0.0  # ... and the seconds its bursts have taken so far (its shim's busy time)
         self.spell_draws = random.Random(0)  # its host spells, drawn so where its rhythm has a spread ...
         self.spell_after: dict[int, float] = {}  # ... the one after each iteration's burst, by its number
 
@@ -100,11 +102,12 @@ class Rig:
         self.spell_after[self.iterations] = spell
         return spell
 
-    def _iterate(self, speed: float) -> tuple[float, float | None, float]:
+    def _iterate(self, speed: float) -> tuple[float, float | None, float, float]:
         """Production's rhythm through the step ending now at `speed` blocks/s (harm
         lengthens its bursts): the part of the step it runs, when in the step the latest
-        iteration started (None: none did), and the blocks of the step before that start."""
-        rem, running, start, before = DT, 0.0, None, 0.0
+        iteration started (None: none did), and the blocks and the seconds run of the step
+        before that start."""
+        rem, running, start, before, ran = DT, 0.0, None, 0.0, 0.0
         while rem > 1e-12:
             if self.burst_left > 0:
                 spent = min(rem, self.burst_left / speed) if speed > 0 else rem
@@ -121,9 +124,9 @@ class Rig:
                 self.burst_left = self.solo * self.rhythm.busy_s
                 if self.burst_left <= 0:
                     break
-                start, before = DT - rem, running * speed
+                start, before, ran = DT - rem, running * speed, running
                 self.iterations += 1
-        return running / DT, start, before
+        return running / DT, start, before, ran
 
     def run(self, seconds, production=True, opportunistic=True):
         for _ in range(round(seconds / DT)):
@@ -146,7 +149,7 @@ class Rig:
                 prod *= 1 - self.deep_harm
             started = None
             if self.rhythm and production:
-                running, started, before = self._iterate(prod)
+                running, started, before, ran = self._iterate(prod)
                 self.pause = 1 - running
             idle = not self.solo or self.pause >= 1
             seen = Overlap()
@@ -169,7 +172,8 @@ class Rig:
             elif self.rhythm:
                 if started is not None:
                     self.mark = Mark("production", self.t - DT + started, int(self.produced - prod * DT + before),
-                                     self.paused_s)
+                                     self.paused_s, self.busy_s + ran, self.iterations)
+                self.busy_s += running * DT
             elif self.marked and not idle:
                 self.mark = Mark("production", self.t, int(self.produced), self.paused_s)
             marks = (self.mark,) if self.marked and production and self.mark else ()

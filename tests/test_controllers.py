@@ -1121,6 +1121,20 @@ def test_a_window_times_production_by_its_busy_time_and_fixed_host_spells():
     assert w.second_start(2.0) == marks[-2].t
 
 
+def test_production_is_quiet_from_its_last_launch_or_the_end_of_its_busy_spell():
+    """A job that queues its iteration's kernels at once launches nothing while they run:
+    quiet from its last launch, it was quiet for its burst as well as its spell on its
+    host, and spells its shim expected (counted from the moment it found the job idle)
+    went over its rhythm and were taken for idle. The end of its busy spell, where later,
+    starts its quiet time."""
+    w = Window(3.0)
+    w.add(Sample(0.1, DT, 1000, 0, True, True))  # its burst, launched at once
+    w.add(Sample(0.2, DT, 0, 0, True, True, overlap=Overlap(busy_s=0.15)))  # run; found idle
+    for i in range(3, 6):
+        w.add(Sample(i * DT, DT, 0, 0, True, True))
+    assert w.quiet_s() == pytest.approx(0.3)
+
+
 def test_a_window_times_each_production_job_by_its_own_iteration_starts_and_sums_them():
     w = Window(3.0)
     # job a: 5 iterations of 10,000 blocks a second from 0.05; job b: 2 of 30,000 from 0.3

@@ -512,15 +512,21 @@ class Window:
         return bool(latest) and all(t - m.t <= 2 * self.iteration_s() for m in latest)
 
     def quiet_s(self) -> float:
-        """Seconds at the end of the window in which production launched nothing; infinite
-        where it launched nothing in any of it (at tgsd's start the window is shorter than
-        the idle spell a decision needs). Walked back once per sample added: a step asks
-        whether production is idle, and while a long rhythm's profile waits for its return,
-        when it is due back (`FastController._about_to_return`)."""
+        """Seconds at the end of the window in which production launched nothing and no
+        busy spell of it ended (its shims found it idle: `Overlap.busy_s`, added when each
+        ends); infinite where it launched nothing in any of it (at tgsd's start the window
+        is shorter than the idle spell a decision needs). Counted from its last launch
+        alone, a job that queues its iteration's kernels at once, 10 of 20 ms, was quiet
+        for its burst as well as its spell, and its spells, drawn within +-33 % of 1 s,
+        beyond its rhythm (twice the shortest, counted by its shims from the moment they
+        found it idle) a fifth of the time: each return profiled as one from idle. Walked
+        back once per sample added: a step asks whether production is idle, and while a
+        long rhythm's profile waits for its return, when it is due back
+        (`FastController._about_to_return`)."""
         if self.quiet is None:
             quiet = 0.0
             for s in reversed(self.items):
-                if s.production_blocks:
+                if s.production_blocks or s.overlap.busy_s:
                     break
                 quiet += s.dt
             else:
@@ -558,7 +564,7 @@ class FastController:
     ACCEPT_AFTER_PROFILE_S = 15.0  # cuts that do not help this soon after a profile, far below: accept P
     FAR_BELOW = 4      # tolerances: a fall deeper than this is more than waiting behind a kernel explains
     CHECK_PART = 0.1   # cuts down to this part of opportunistic work's rate leave production below: check S
-    IDLE_S = 0.5       # production launched nothing this long: it is idle, opportunistic takes all ...
+    IDLE_S = 0.5       # production quiet this long (`Window.quiet_s`): it is idle, opportunistic takes all ...
     RHYTHM_MAX_S = 8.5  # ... or, within its rhythm up to this (`_idle_after`), that long: host spells of up
                         # to 4 s (a spell is timed from its process found idle to its next launch, a
                         # little over its host time: a job sleeping 4 s read a rhythm just over 8 s)
@@ -1254,8 +1260,9 @@ class FastController:
         in one case of 21 (0.9485 against 0.9502: one burst alone in the profile, not two).
         The profiles that answer a change (a rise, a fall that cuts did not mend) come at
         once. A profile that has `waited` a window's span comes at once: tgsd's quiet time
-        counts from production's last launch, so a job whose queued work runs on after it
-        may seem due back only between two decisions, every iteration."""
+        counted from production's last launch (now from the end of its busy spell where
+        later: `Window.quiet_s`), so a job whose queued work runs on after it may seem due
+        back only between two decisions, every iteration."""
         if not self._window_grown() or waited > self.window.span:
             return True
         return rhythm > 0 and -1e-9 <= self._due_back_in(rhythm) <= self.DECIDE_S + 1e-9

@@ -1141,7 +1141,7 @@ static void wait_for_production(struct tgs_gpu *g, uint64_t now, CUstream s) {
  * gap lags production's idle moment by up to a gate poll); kernels too long for that
  * process's gaps are not held back (the gate and the controller alone decide, as without
  * anticipation), nor is one that, with its queue, would hold production's return back by
- * no more than SLIGHT_GAP of its gap, as many times shorter than its iteration: held back
+ * no more than 1/SLIGHT_GAP of its gap (less of its iteration, which holds the gap): held back
  * from the shortest spell on, beside spells drawn within +-33 % of 1 s, 1 ms kernels left
  * opportunistic work 0.69-0.71 of the idle time on simgpu, to spare production 2 ms or so
  * an iteration of 1.2 s. */

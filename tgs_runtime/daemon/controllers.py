@@ -484,9 +484,11 @@ class Window:
         spells = {}
         for source in (m.source for m in (self.items[-1].marks if self.items else ())):
             marks = self._marks(source, since)
-            busy = busy_between(marks[0], marks[-1]) if len(marks) >= 2 else None
+            if len(marks) < 2:
+                continue
+            first, last = marks[0], marks[-1]
+            busy = busy_between(first, last)
             if busy is not None:
-                first, last = marks[0], marks[-1]
                 spells[source] = max(0.0, unpaused_between(first, last) - busy) / (last.number - first.number)
         return spells
 
@@ -509,7 +511,10 @@ class Window:
         """Whether production is still marking its iteration starts at `t`: each container's
         latest within twice its latest iteration (`iteration_s`)."""
         latest = self.items[-1].marks if self.items else ()
-        return bool(latest) and all(t - m.t <= 2 * self.iteration_s() for m in latest)
+        if not latest:
+            return False
+        within = 2 * self.iteration_s()
+        return all(t - m.t <= within for m in latest)
 
     def quiet_s(self) -> float:
         """Seconds at the end of the window in which production launched nothing and no

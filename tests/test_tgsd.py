@@ -999,7 +999,10 @@ def test_an_opportunistic_job_whose_kernels_read_long_still_gets_the_idle_time(s
     6 ms, hold it back most: there a launch held back by anticipation first takes the
     batches done out of the ring (the bound, which alone did that before, is not reached
     by a job held back): 0.26-0.47 of the idle time in 12 runs, against 0.15-0.16 in 5
-    (0.86-0.87 against 0.90-0.91 for the 50 us kernels, 2 runs each)."""
+    (0.86-0.87 against 0.90-0.91 for the 50 us kernels, 2 runs each). Measured where tgsd
+    kept the configured in-flight bound of two: on a loaded 2-core machine it read
+    production 3.3 % under its figure, eased the bound to one, and the 50 us kernels had
+    0.47 of the idle time (CI, 2026-11-30), which is not what this tests."""
     d = tgsd()
     prod, opp = d.register("production"), d.register("opportunistic")
     p = simgpu.workload(dataclasses.replace(HALF, seconds=30), "prod", prod.env(libshim.shim))
@@ -1007,7 +1010,7 @@ def test_an_opportunistic_job_whose_kernels_read_long_still_gets_the_idle_time(s
                         {**opp.env(libshim.shim), "SIMGPU_FAULT": "long-timings"})
     simgpu.wait_for_contexts(["prod", "opp"])
     time.sleep(3)
-    w = d.quiet_window(4, within_s=16)  # a profile gates the job 0.9 s (the test above)
+    w = d.quiet_window(4, within_s=16, bound=2)  # a profile gates the job 0.9 s (the test above)
     before, after = w.before, w.after
     p.kill()
     o.kill()

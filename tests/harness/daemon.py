@@ -32,12 +32,13 @@ class StatusWindow:
     before: dict
     after: dict
     samples: list[dict]
-    quiet: bool  # tgsd neither profiled nor (where asked) held a rate in it
+    quiet: bool  # tgsd neither profiled nor (where asked) held a rate or moved the in-flight bound in it
 
     @property
     def caveat(self) -> str:
         """For a failure message: what it means where no quiet window was found."""
-        return "" if self.quiet else " (every window searched had a profile or a rate limit it was to be without)"
+        return "" if self.quiet else (" (every window searched had a profile, a rate limit or an in-flight bound it "
+                                      "was to be without)")
 
 
 class Tgsd(ChildTgsd):
@@ -70,12 +71,14 @@ class Tgsd(ChildTgsd):
                 return c
         return None
 
-    def quiet_window(self, seconds: float, within_s: float, *, unlimited: bool = False) -> StatusWindow:
+    def quiet_window(self, seconds: float, within_s: float, *, unlimited: bool = False,
+                     bound: int | None = None) -> StatusWindow:
         """A window of `seconds` in which tgsd did not profile (and, with `unlimited`, held
-        no rate), measured again until one is found or `within_s` has passed (then the
-        last, with quiet False). A profile gates opportunistic work for about a second
-        whatever a test is about: one after a production process started, or a check of a
-        figure taken under a loaded CI machine's noise, took a third of a 4 s window."""
+        no rate; with `bound`, kept that in-flight bound), measured again until one is
+        found or `within_s` has passed (then the last, with quiet False). A profile gates
+        opportunistic work for about a second whatever a test is about: one after a
+        production process started, or a check of a figure taken under a loaded CI
+        machine's noise, took a third of a 4 s window."""
         deadline = time.monotonic() + within_s
         while True:
             before, samples = self.simgpu.status(), []
@@ -83,7 +86,8 @@ class Tgsd(ChildTgsd):
                 samples.append(self.status()["gpus"][0])
                 time.sleep(0.1)
             ctl = [g["controller"] for g in samples]
-            quiet = not any(c["state"] == "profile" or (unlimited and c["rate_blocks_per_s"] is not None) for c in ctl)
+            quiet = not any(c["state"] == "profile" or (unlimited and c["rate_blocks_per_s"] is not None)
+                            or (bound is not None and c["inflight_max"] != bound) for c in ctl)
             if quiet or time.monotonic() > deadline:
                 return StatusWindow(before, self.simgpu.status(), samples, quiet)
 

@@ -989,7 +989,8 @@ static inline void timer_read(struct tgs_gpu *g, uint64_t now) {
 #define GATE_POLL_NS 100000ull   /* production-busy re-check while waiting */
 #define OVERRUN_KERNEL 8         /* a kernel may end this part of itself late, */
 #define OVERRUN_GAP 32           /* or this part of production's gap if that is less */
-#define SLIGHT_GAP 128           /* a wait of production's for this part of its gap is slight */
+#define SLIGHT_GAP 128           /* a wait of production's for this part of its gap is slight, */
+#define SLIGHT_WINDOW 16         /* or of the window it is expected back in if that is less */
 #define PAUSE_POLL_NS 1000000ull /* a paused budget is re-read this often */
 #define DECAY_MS 5000ull         /* a stale budget slides to the floor over this long */
 #define BACKLOG_NS 200000000ull  /* a bucket this far ahead came from an older, slower rate */
@@ -1141,16 +1142,23 @@ static void wait_for_production(struct tgs_gpu *g, uint64_t now, CUstream s) {
  * gap lags production's idle moment by up to a gate poll); kernels too long for that
  * process's gaps are not held back (the gate and the controller alone decide, as without
  * anticipation), nor is one that, with its queue, would hold production's return back by
- * no more than 1/SLIGHT_GAP of its gap (less of its iteration, which holds the gap): held back
- * from the shortest spell on, beside spells drawn within +-33 % of 1 s, 1 ms kernels left
- * opportunistic work 0.69-0.71 of the idle time on simgpu, to spare production 2 ms or so
- * an iteration of 1.2 s. */
-static int runs_into(const volatile struct tgs_expectation *e, uint64_t now, uint64_t start, uint64_t k) {
+ * no more than 1/SLIGHT_GAP of its gap and 1/SLIGHT_WINDOW of the window it is expected
+ * back in. Production comes back anywhere in that window: a job whose spells vary (a
+ * window as wide as a third of its spell) gives opportunistic work about half of it each
+ * iteration, and waits behind it about half the slight part, at most a sixteenth of what
+ * it gives (held back from the shortest spell on, beside spells drawn within +-33 % of 1 s,
+ * 1 ms kernels left opportunistic work 0.69-0.71 of the idle time on simgpu, to spare
+ * production 2 ms or so an iteration of 1.2 s). A regular job (a window of its jitter)
+ * gives nothing, and waits next to nothing (with 1/SLIGHT_GAP of its gap alone, 2.3 ms
+ * of each 0.8 s iteration beside 0.6 s spells, for no gain). */
+static int runs_into(const volatile struct tgs_expectation *e, uint64_t now, uint64_t until, uint64_t start,
+                     uint64_t k) {
     uint64_t due = __atomic_load_n(&e->due_ns, __ATOMIC_RELAXED);
     uint64_t idle = __atomic_load_n(&e->idle_ns, __ATOMIC_RELAXED);
-    uint64_t gap = due > idle ? due - idle : 0;
+    uint64_t gap = due > idle ? due - idle : 0, window = until > due ? until - due : 0;
     uint64_t overrun = k / OVERRUN_KERNEL < gap / OVERRUN_GAP ? k / OVERRUN_KERNEL : gap / OVERRUN_GAP;
-    return start + k > due + overrun && k <= gap && start + k - now > gap / SLIGHT_GAP;
+    uint64_t slight = gap / SLIGHT_GAP < window / SLIGHT_WINDOW ? gap / SLIGHT_GAP : window / SLIGHT_WINDOW;
+    return start + k > due + overrun && k <= gap && start + k - now > slight;
 }
 
 /* Called only when the budget says TGS_GPU_ANTICIPATE.
@@ -1166,7 +1174,7 @@ __attribute__((noinline)) static uint64_t hold_back_until(struct tgs_gpu *g, uin
     for (uint32_t i = 0; i < n; i++) {
         const volatile struct tgs_expectation *e = &g->expect[i];
         uint64_t until = __atomic_load_n(&e->due_until_ns, __ATOMIC_ACQUIRE);
-        if (now >= until || !runs_into(e, now, start, k))
+        if (now >= until || !runs_into(e, now, until, start, k))
             continue;
         uint64_t again = until < now + GATE_POLL_NS ? until : now + GATE_POLL_NS;
         look = look && look < again ? look : again;

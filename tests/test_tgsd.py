@@ -825,7 +825,8 @@ def test_production_on_its_host_every_iteration_is_not_profiled_at_each_return(s
     the job, 28 returns profiled in 30 s); now it knows its steps (compute.c, "Steps").
     Its spells are regular, and production hardly waits behind the job: 1.6-2.3 ms an
     iteration here while anticipation let go kernels that held it back by up to 1/128 of
-    its spell, whatever the window it is expected back in."""
+    its spell, whatever the window it is expected back in; in the last case 3.2-3.3 ms
+    while the job's kernels, too long for a spell inside, went into each."""
     d = tgsd()
     prod, opp = d.register("production"), d.register("opportunistic")
     seconds = round(16 + 10 * (host_s - 0.55))
@@ -861,8 +862,7 @@ def test_production_on_its_host_every_iteration_is_not_profiled_at_each_return(s
     assert len(returns) <= 5, f"{len(returns)} returns profiled in {seconds} s of {host_s + 0.05} s iterations"
     idle = 1 - shared["prod"] / 6
     assert shared["opp"] / 6 >= 0.7 * idle, f"the job had {shared['opp'] / 6:.3f} of the engine, {idle:.3f} idle"
-    if not mid_us:
-        assert waited / iterations < 1, f"production waited {waited / iterations:.2f} ms per iteration"
+    assert waited / iterations < 1, f"production waited {waited / iterations:.2f} ms per iteration"
 
 
 def test_a_long_rhythm_whose_own_load_falls_is_profiled_not_cut(simgpu, tgsd, libshim):

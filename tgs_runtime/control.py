@@ -243,7 +243,7 @@ class ActivityFile(_Mapped):
         if slot < proto.EXPECT_SLOTS:
             e = self.view.expect[slot]
             e.due_until_ns = 0
-            e.idle_ns = e.due_ns = 0
+            e.idle_ns = e.due_ns = self.view.step_spell_ns[slot] = 0
         self.view.expect_slots = min(proto.EXPECT_SLOTS, max(in_use, default=-1) + 1)
 
     def used(self, slot: int) -> bool:
@@ -273,5 +273,6 @@ class ActivityFile(_Mapped):
         """Writes a production process's expectation as its shim does (benchmarks, tests)."""
         e = self.view.expect[slot]
         e.due_until_ns = 0
+        self.view.step_spell_ns[slot] = 0  # (a process that knows no steps)
         e.idle_ns, e.due_ns, e.due_until_ns = idle_ns, due_ns, due_until_ns
         self.view.expect_slots = max(self.view.expect_slots, slot + 1)

@@ -185,7 +185,8 @@ class Expectation(Struct):
 class Activity(Struct):
     _c_name_ = "tgs_activity"
     _fields_ = [("magic", u32), ("version", u32), ("nslots", u32), ("expect_slots", u32), ("reserved", u64 * 7),
-                ("busy", u8 * ACTIVITY_SLOTS), ("expect", Expectation * EXPECT_SLOTS)]
+                ("busy", u8 * ACTIVITY_SLOTS), ("expect", Expectation * EXPECT_SLOTS),
+                ("step_spell_ns", u64 * EXPECT_SLOTS)]
 
 
 class MsgHeader(Struct):

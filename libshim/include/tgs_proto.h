@@ -219,6 +219,11 @@ struct tgs_activity {
     uint64_t reserved[7];
     uint8_t busy[TGS_ACTIVITY_SLOTS];
     struct tgs_expectation expect[TGS_EXPECT_SLOTS];
+    /* Beside expect[slot], written with it: where the process knows its steps and has gone
+     * idle inside one, the shortest spell it expects between steps (0: it expects none
+     * longer than this one). A kernel too long for a spell inside, but not for the spell
+     * after the step, is held back for that (compute.c). Older shims leave it 0. */
+    uint64_t step_spell_ns[TGS_EXPECT_SLOTS];
 };
 _Static_assert(sizeof(struct tgs_activity) <= TGS_ACTIVITY_SIZE, "the activity file is one page");
 

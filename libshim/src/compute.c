@@ -189,9 +189,10 @@ static int note_gap(struct tgs_gpu *g, uint32_t slot, uint64_t now, int happened
  * recent gaps (the last TGS_GAPS, once it has seen TGS_GAPS_TO_EXPECT) and before the
  * longest (at most twice the shortest: a job whose gaps vary more is expected only around
  * its shortest), and a gap longer than twice the shortest is in part a pause (note_gap);
- * where it knows its steps and this one's work is done, as the spells between them.
- * Each production process writes its own slot's expectation, and makes sure opportunistic
- * shims read that far. */
+ * where it knows its steps and this one's work is done, as the spells between them, and
+ * where this one's work is not done, it says how long the spell after it will be (a
+ * kernel that fits that waits for it: runs_into). Each production process writes its
+ * own slot's expectation, and makes sure opportunistic shims read that far. */
 static void expect_next(struct tgs_gpu *g, uint64_t now) {
     g->idle_ns = now;
     if (g->ngaps < TGS_GAPS_TO_EXPECT)
@@ -208,11 +209,16 @@ static void expect_next(struct tgs_gpu *g, uint64_t now) {
         tgs_log(TGS_LOG_DEBUG, "expects to launch again %.1f-%.1f us after going idle", (double)lo / 1e3, (double)hi / 1e3);
         g->logged_gap = lo;
     }
+    uint64_t later = g->step_work; /* inside a step: the spell after it (0: none known) */
     if (g->step_work && production_blocks(g) - g->step_blocks >= g->step_work) {
         lo = g->step_spell_lo;
         hi = g->step_spell_hi;
+        later = 0;
+    } else if (later) {
+        later = g->step_spell_lo;
     }
     __atomic_store_n(&e->due_until_ns, 0, __ATOMIC_RELAXED); /* no window while it is written */
+    __atomic_store_n(&g->step_spell[slot], later, __ATOMIC_RELAXED);
     __atomic_store_n(&e->idle_ns, now, __ATOMIC_RELAXED);
     __atomic_store_n(&e->due_ns, now + lo, __ATOMIC_RELAXED);
     __atomic_store_n(&e->due_until_ns, now + hi, __ATOMIC_RELEASE);
@@ -1141,24 +1147,27 @@ static void wait_for_production(struct tgs_gpu *g, uint64_t now, CUstream s) {
  * `until`): it may end a little after production is due (this process's own start in the
  * gap lags production's idle moment by up to a gate poll); kernels too long for that
  * process's gaps are not held back (the gate and the controller alone decide, as without
- * anticipation), nor is one that, with its queue, would hold production's return back by
- * no more than 1/SLIGHT_GAP of its gap and 1/SLIGHT_WINDOW of the window it is expected
- * back in. Production comes back anywhere in that window: a job whose spells vary (a
- * window as wide as a third of its spell) gives opportunistic work about half of it each
- * iteration, and waits behind it about half the slight part, at most a sixteenth of what
- * it gives (held back from the shortest spell on, beside spells drawn within +-33 % of 1 s,
- * 1 ms kernels left opportunistic work 0.69-0.71 of the idle time on simgpu, to spare
- * production 2 ms or so an iteration of 1.2 s). A regular job (a window of its jitter)
- * gives nothing, and waits next to nothing (with 1/SLIGHT_GAP of its gap alone, 2.3 ms
- * of each 0.8 s iteration beside 0.6 s spells, for no gain). */
-static int runs_into(const volatile struct tgs_expectation *e, uint64_t now, uint64_t until, uint64_t start,
-                     uint64_t k) {
+ * anticipation), but where the process has gone idle inside a step and the spell after
+ * the step (`later`) is long enough for them: they wait for that (let go, they held
+ * production back at its spells inside: 3.2-3.3 ms of each 1.05 s iteration on simgpu
+ * beside 1 ms kernels). Nor is one held back that, with its queue, would hold
+ * production's return back by no more than 1/SLIGHT_GAP of its gap and 1/SLIGHT_WINDOW of
+ * the window it is expected back in. Production comes back anywhere in that window: a job
+ * whose spells vary (a window as wide as a third of its spell) gives opportunistic work
+ * about half of it each iteration, and waits behind it about half the slight part, at
+ * most a sixteenth of what it gives (held back from the shortest spell on, beside spells
+ * drawn within +-33 % of 1 s, 1 ms kernels left opportunistic work 0.69-0.71 of the idle
+ * time on simgpu, to spare production 2 ms or so an iteration of 1.2 s). A regular job (a
+ * window of its jitter) gives nothing, and waits next to nothing (with 1/SLIGHT_GAP of
+ * its gap alone, 2.3 ms of each 0.8 s iteration beside 0.6 s spells, for no gain). */
+static int runs_into(const volatile struct tgs_expectation *e, uint64_t later, uint64_t now, uint64_t until,
+                     uint64_t start, uint64_t k) {
     uint64_t due = __atomic_load_n(&e->due_ns, __ATOMIC_RELAXED);
     uint64_t idle = __atomic_load_n(&e->idle_ns, __ATOMIC_RELAXED);
     uint64_t gap = due > idle ? due - idle : 0, window = until > due ? until - due : 0;
     uint64_t overrun = k / OVERRUN_KERNEL < gap / OVERRUN_GAP ? k / OVERRUN_KERNEL : gap / OVERRUN_GAP;
     uint64_t slight = gap / SLIGHT_GAP < window / SLIGHT_WINDOW ? gap / SLIGHT_GAP : window / SLIGHT_WINDOW;
-    return start + k > due + overrun && k <= gap && start + k - now > slight;
+    return start + k > due + overrun && (k <= gap || k <= later) && start + k - now > slight;
 }
 
 /* Called only when the budget says TGS_GPU_ANTICIPATE.
@@ -1174,7 +1183,7 @@ __attribute__((noinline)) static uint64_t hold_back_until(struct tgs_gpu *g, uin
     for (uint32_t i = 0; i < n; i++) {
         const volatile struct tgs_expectation *e = &g->expect[i];
         uint64_t until = __atomic_load_n(&e->due_until_ns, __ATOMIC_ACQUIRE);
-        if (now >= until || !runs_into(e, now, until, start, k))
+        if (now >= until || !runs_into(e, __atomic_load_n(&g->step_spell[i], __ATOMIC_RELAXED), now, until, start, k))
             continue;
         uint64_t again = until < now + GATE_POLL_NS ? until : now + GATE_POLL_NS;
         look = look && look < again ? look : again;

@@ -166,6 +166,7 @@ void tgs_map_activity(struct tgs_gpu *g) {
     struct tgs_activity *a = p;
     g->activity = a->busy;
     g->expect = a->expect;
+    g->step_spell = a->step_spell_ns;
     g->expect_slots = &a->expect_slots;
     if (prod)
         g->activity_rw = a->busy;

@@ -95,6 +95,7 @@ struct tgs_gpu { /* one control-block GPU slot, as this process sees it */
     volatile uint8_t *activity_rw;         /* production: mapped read-write */
     int busy_marked;                       /* production: our byte is set */
     volatile struct tgs_expectation *expect; /* tgs_activity.expect[] (production writes its slot's) */
+    volatile uint64_t *step_spell;         /* tgs_activity.step_spell_ns[] (likewise) */
     volatile uint32_t *expect_slots;       /* tgs_activity.expect_slots */
     uint64_t idle_ns;                      /* production: when it last went idle (0: busy or never) */
     uint64_t busy_since_ns;                /* production: when its byte was set */

@@ -459,6 +459,25 @@ def test_production_whose_host_spells_vary_is_timed_by_its_busy_time(host_s, spr
     assert case.opportunistic_mean >= 0.75, case
 
 
+def test_profiles_of_production_whose_host_spells_vary_are_judged_by_its_busy_time():
+    """Production 0.2 s on the GPU and 1 s on its host drawn within +-33 %, beside work that
+    costs it up to 6 % of each burst at full rate. Its profiles last about one of its
+    iterations; timed from start to start, they read its spells' noise as its load moving
+    (10,833 blocks/s after 8,282): each was taken as a new load or followed up 5 s later,
+    five profiles in a minute, and opportunistic work had 0.80 of what the tolerance
+    allows. Timed by its busy time and the figure's host spells, the periodic profile
+    finds the load where it was."""
+    r = settled(0.03, 0.0, Rhythm(0.2, 1.0, 0.33))
+    profiles, last = 0, None
+    for _ in range(round(60 / DT)):
+        r.run(DT)
+        profiles += r.budget.state == "profile" and last != "profile"
+        last = r.budget.state
+    assert profiles <= 2, f"{profiles} profiles in 60 s ({r.ctl.why})"
+    case = run_case("", Rhythm(0.2, 1.0, 0.33), harm=0.03, lag_s=0.0)
+    assert case.production_mean >= 0.97 and case.opportunistic_mean >= 0.9, case
+
+
 @pytest.mark.parametrize("leaves", ["production", "both"])
 def test_a_new_pair_does_not_start_at_the_last_pair_s_cut_rate(leaves):
     """A pair whose harm had the rate cut ends (its production job, or both jobs); the

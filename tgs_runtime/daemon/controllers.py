@@ -1518,8 +1518,9 @@ class FastController:
 
 
 def _harmonic(rates: list[float]) -> float:
-    """The harmonic mean of `rates` (each of the same work: the rate over them all)."""
-    return len(rates) / sum(1 / r for r in rates)
+    """The harmonic mean of `rates` (each of the same work: the rate over them all); 0 where
+    one is (a profile that found production doing nothing is averaged with none other)."""
+    return len(rates) / sum(1 / r for r in rates) if all(rates) else 0.0
 
 
 def _mean_spells(measured: list[dict[str, float]]) -> dict[str, float]:

@@ -209,12 +209,11 @@ static void expect_next(struct tgs_gpu *g, uint64_t now) {
         tgs_log(TGS_LOG_DEBUG, "expects to launch again %.1f-%.1f us after going idle", (double)lo / 1e3, (double)hi / 1e3);
         g->logged_gap = lo;
     }
-    uint64_t later = g->step_work; /* inside a step: the spell after it (0: none known) */
+    uint64_t later = 0; /* inside a step: the spell after it (0: none known) */
     if (g->step_work && production_blocks(g) - g->step_blocks >= g->step_work) {
         lo = g->step_spell_lo;
         hi = g->step_spell_hi;
-        later = 0;
-    } else if (later) {
+    } else if (g->step_work) {
         later = g->step_spell_lo;
     }
     __atomic_store_n(&e->due_until_ns, 0, __ATOMIC_RELAXED); /* no window while it is written */

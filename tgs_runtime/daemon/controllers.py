@@ -374,16 +374,12 @@ class Window:
         timed = self._timed(since, dt)
         return (p / dt if timed is None else timed), o / dt, dt, timed
 
-    def timed_rate(self, since: float) -> float | None:
+    def timed_rate(self, since: float, spells: dict[str, float] | None = None) -> float | None:
         """Production's blocks/s after `since`, timed from iteration start to iteration start;
-        None where the stretch is counted instead (`_timed`)."""
-        covered = self._stretch(since).dt
-        return self._timed(since, covered) if covered > 0 else None
-
-    def busy_timed_rate(self, since: float, spells: dict[str, float]) -> float | None:
-        """Production's blocks/s after `since`, timed by its busy time and `spells` (each
-        container's host spell per iteration, as `spells` fixes them), where every
-        container's marks carry its busy time and `spells` has its spell; else None."""
+        None where the stretch is counted instead (`_timed`). With `spells` (each
+        container's host spell per iteration, as `spells` fixes them), timed by its busy
+        time and those, where every container's marks carry its busy time and `spells` has
+        its spell; else None."""
         covered = self._stretch(since).dt
         return self._timed(since, covered, spells) if covered > 0 else None
 
@@ -796,7 +792,7 @@ class FastController:
         for a minute; a rise of 8 % over 30 s beside work costing production up to 10 %
         left production at 0.916-0.957 of its solo progress for five minutes. Where the
         figure has host spells, whether the load moved is judged by `q`, the profile timed
-        by production's busy time and those spells (`Window.busy_timed_rate`): timed from
+        by production's busy time and those spells (`Window.timed_rate`): timed from
         start to start, a profile, about one iteration, of a job whose host spells vary
         reads its spells' noise as its load moving (1 s drawn within +-33 % in the
         controller rig: 10,833 blocks/s after 8,282, followed up 5 s later, five profiles a
@@ -1419,7 +1415,7 @@ class FastController:
                 if covered > 0:
                     tol = self.cfg.tolerance
                     # (the profile timed as the figure's spells time production: `_followed`)
-                    q = self.window.busy_timed_rate(since, _mean_spells(self.profile_spells) if self.profiles else {})
+                    q = self.window.timed_rate(since, _mean_spells(self.profile_spells) if self.profiles else {})
                     if self.purpose is Purpose.FOLLOW and s.opportunistic:
                         found = f"; the load {self._followed(t, p, self.FOLLOW_MOVE * tol, self.follow_sign, q)}"
                         if self.resume_at is not None and self.follow_sign >= 0:

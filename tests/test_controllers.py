@@ -15,7 +15,7 @@ from tgs_runtime.daemon import inflight, residency, stall
 from tgs_runtime.daemon.controllers import (UNLIMITED, Claimant, FastController, Mark, Overlap, PaperController,
                                             Sample, ShareState, Window, make_controller, split, take_turns)
 
-from bench.rig import DT, Rhythm, Rig, run_case, settled, stalls
+from bench.rig import DT, SOLO, Rhythm, Rig, run_case, settled, stalls
 
 def fast(**kw):
     return FastController(ControlConfig(**kw))
@@ -476,6 +476,24 @@ def test_profiles_of_production_whose_host_spells_vary_are_judged_by_its_busy_ti
     assert profiles <= 2, f"{profiles} profiles in 60 s ({r.ctl.why})"
     case = run_case("", Rhythm(0.2, 1.0, 0.33), harm=0.03, lag_s=0.0)
     assert case.production_mean >= 0.97 and case.opportunistic_mean >= 0.9, case
+
+
+def test_production_whose_data_loader_got_faster_is_taken_as_a_new_load():
+    """Production 0.2 s on the GPU and 1 s on its host, whose host spells halve (its data
+    loader found its files cached). By its busy time, the load is where it was; its
+    progress alone rose by two thirds. The profile that finds it is a new load's figure,
+    and the decision log says so: it said "the load settled"."""
+    r = settled(0.03, 0.0, Rhythm(0.2, 1.0))
+    r.rhythm = Rhythm(0.2, 0.5)
+    ends, last = [], None
+    for _ in range(round(60 / DT)):
+        r.run(DT)
+        if last == "profile" and r.budget.state != "profile":
+            ends.append(r.ctl.why)
+        last = r.budget.state
+    assert ends, "no profile in the minute after the change"
+    assert ends[0].endswith("taken as a new load"), ends
+    assert r.ctl.solo == pytest.approx(SOLO * 0.2 / 0.7, rel=0.05), ends
 
 
 @pytest.mark.parametrize("leaves", ["production", "both"])

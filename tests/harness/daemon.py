@@ -33,12 +33,12 @@ class StatusWindow:
     after: dict
     samples: list[dict]
     quiet: bool  # tgsd neither profiled nor (where asked) held a rate or moved the in-flight bound in it
+    unquiet: str = "a profile"  # what a window was to be without, for `caveat`
 
     @property
     def caveat(self) -> str:
         """For a failure message: what it means where no quiet window was found."""
-        return "" if self.quiet else (" (every window searched had a profile, a rate limit or an in-flight bound it "
-                                      "was to be without)")
+        return "" if self.quiet else f" (every window searched had {self.unquiet})"
 
 
 class Tgsd(ChildTgsd):
@@ -89,7 +89,9 @@ class Tgsd(ChildTgsd):
             quiet = not any(c["state"] == "profile" or (unlimited and c["rate_blocks_per_s"] is not None)
                             or (bound is not None and c["inflight_max"] != bound) for c in ctl)
             if quiet or time.monotonic() > deadline:
-                return StatusWindow(before, self.simgpu.status(), samples, quiet)
+                unquiet = " or ".join(["a profile"] + ["a rate limit"] * unlimited
+                                      + [f"an in-flight bound other than {bound}"] * (bound is not None))
+                return StatusWindow(before, self.simgpu.status(), samples, quiet, unquiet)
 
     def events(self) -> list[dict]:
         out = []

@@ -762,7 +762,7 @@ class FastController:
         self._note_work()
         return same
 
-    def _followed(self, t: float, p: float, bar: float, way: int, q: float | None = None) -> str:
+    def _followed(self, t: float, p: float, bar: float, way: int, since: float | None = None) -> str:
         """The end of a profile that may find production's load moving within one job,
         where nothing else tells: a profile taken while it still moved (two cuts brought
         nothing back; a check behind a lasting violation; a figure taken beside
@@ -790,23 +790,33 @@ class FastController:
         (60 s), which was only averaged in: in the controller rig a fall of 10 % over 16 s
         left it 2.1 % high, and opportunistic work at a third of what the tolerance allows
         for a minute; a rise of 8 % over 30 s beside work costing production up to 10 %
-        left production at 0.916-0.957 of its solo progress for five minutes. Where the
-        figure has host spells, whether the load moved is judged by `q`, the profile timed
-        by production's busy time and those spells (`Window.timed_rate`): timed from
-        start to start, a profile, about one iteration, of a job whose host spells vary
-        reads its spells' noise as its load moving (1 s drawn within +-33 % in the
-        controller rig: 10,833 blocks/s after 8,282, followed up 5 s later, five profiles a
-        minute, opportunistic work at 0.80 of what the tolerance allows; one profile and
-        0.97 so). Averaged in or a new load's figure, it is p, as any profile. Returns what
-        it found, for the decision log."""
+        left production at 0.916-0.957 of its solo progress for five minutes. Where
+        `since` (the profile's start) is given, as for a follow-up and the periodic
+        profile, and the figure has host spells, whether the load moved is judged by the
+        profile timed by production's busy time and those spells (`Window.timed_rate`):
+        timed from start to start, a profile, about one iteration, of a job whose host
+        spells vary reads its spells' noise as its load moving (1 s drawn within +-33 % in
+        the controller rig: 10,833 blocks/s after 8,282, followed up 5 s later, five
+        profiles a minute, opportunistic work at 0.80 of what the tolerance allows; one
+        profile and 0.97 so). Averaged in or a new load's figure, it is p, as any profile:
+        one settled by its busy time but off the load's profiles by over LOAD_CHANGE (its
+        host spells moved: a data loader that got faster) is a new load's figure, and the
+        decision log says so (it said "settled"). Returns what it found, for the decision
+        log."""
         solo = self.solo or 0.0
+        q = None if since is None else \
+            self.window.timed_rate(since, _mean_spells(self.profile_spells) if self.profiles else {})
         r = p if q is None else q
         sign = 1 if r > solo else -1
         self.follow_sign = 0
         self.reprofile_after = min(self.cfg.reprofile_s, 2 * self.reprofile_after)
         if abs(r - solo) <= bar * solo:
-            self._profiled(p)
-            return "settled"
+            if self._profiled(p):
+                return "settled"
+            # within the bar by its busy time, but its host spells moved (a loader that got
+            # faster): a new load's figure, as any profile off by LOAD_CHANGE
+            moved = " (by its busy time it settled: its host spells moved)" if q is not None else ""
+            return f"off its profiles by over {self.LOAD_CHANGE:.0%}{moved}: taken as a new load"
         if way and sign != way and r <= (1 + self.cfg.tolerance) * solo:
             not_followed = f"not followed {'up' if sign > 0 else 'down'}"
             if self._profiled(p):
@@ -1414,10 +1424,8 @@ class FastController:
                 found, rate = "", self.rate_good
                 if covered > 0:
                     tol = self.cfg.tolerance
-                    # (the profile timed as the figure's spells time production: `_followed`)
-                    q = self.window.timed_rate(since, _mean_spells(self.profile_spells) if self.profiles else {})
                     if self.purpose is Purpose.FOLLOW and s.opportunistic:
-                        found = f"; the load {self._followed(t, p, self.FOLLOW_MOVE * tol, self.follow_sign, q)}"
+                        found = f"; the load {self._followed(t, p, self.FOLLOW_MOVE * tol, self.follow_sign, since)}"
                         if self.resume_at is not None and self.follow_sign >= 0:
                             # after two fruitless cuts, production alone not found falling:
                             # the fall was opportunistic work's harm, which did not shrink with
@@ -1430,7 +1438,7 @@ class FastController:
                             rate = min(self.resume_at, self.rate_good)
                             found += f"; the cuts stay: the fall was opportunistic work's, rate {rate:,}"
                     elif self.purpose is Purpose.PERIODIC and s.opportunistic:
-                        found = f"; the load {self._followed(t, p, tol, 1, q)}"
+                        found = f"; the load {self._followed(t, p, tol, 1, since)}"
                     else:
                         self._profiled(p)
                 self.purpose = Purpose.MEASURE

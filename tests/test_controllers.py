@@ -1426,10 +1426,18 @@ def test_harm_that_two_cuts_do_not_shrink_is_cut_on_from_where_they_left_it():
     from there find the edge (1,500 blocks/s costs production the tolerance): production
     at 0.969 of its solo progress over 30 s, opportunistic work at 1,558 blocks/s. From
     the rate before the cuts, each such profile came back to the same fall: 0.917, with
-    five profiles in the 30 s."""
+    five profiles in the 30 s. The decision log says the profile found the load where it
+    was (it said "off its profiles by over 10 %": the profile a change calls for starts
+    the figure's profiles afresh)."""
     r = Rig(fast(inflight_deepest=2), solo=50_000.0, harm=1.0, harm_upto=5_000.0, marked=True)
     run_until(r, lambda b: b.state == "run")
-    r.run(60)  # a few rounds of cuts and profiles
+    stays, was = [], r.budget.state
+    for _ in range(round(60 / DT)):  # a few rounds of cuts and profiles
+        b = r.run(DT)
+        if was == "profile" and b.state != "profile" and "the cuts stay" in r.ctl.why:
+            stays.append(r.ctl.why)
+        was = b.state
+    assert stays and all("; the load settled; the cuts stay" in why for why in stays), stays
     before, profiles, was = r.produced, 0, r.budget.state
     for _ in range(round(30 / DT)):
         b = r.run(DT)

@@ -811,7 +811,8 @@ class FastController:
         self.follow_sign = 0
         self.reprofile_after = min(self.cfg.reprofile_s, 2 * self.reprofile_after)
         if abs(r - solo) <= bar * solo:
-            if self._profiled(p):
+            had = bool(self.profiles)  # (none: the figure was not profiled, or a profile called by a change began)
+            if self._profiled(p) or not had:
                 return "settled"
             # within the bar by its busy time, but its host spells moved (a loader that got
             # faster): a new load's figure, as any profile off by LOAD_CHANGE

@@ -18,7 +18,10 @@ on the host (a slow data loader, an environment's step), where opportunistic wor
 one rate through both that costs production exactly the tolerance, and irregular rhythms:
 0.2 s on the GPU and 0.5, 1, 1.5 or 3 s on the host, each spell drawn within +-7, 17 or
 33 % of it (its shim expecting twice the shortest of its last eight spells; its marks carry
-its busy time, the seconds its bursts took, so tgsd times it by that); each at
+its busy time, the seconds its bursts took, so tgsd times it by that), and noisy loads:
+each 0.1 s iteration's progress off the load's by a part drawn with a standard deviation
+of 5, 10 or 15 % (iterations that differ: a 1 s profile is known to 1.6-4.7 %), where the
+load holds (three draws of each) or rises or falls by 10 %; each at
 harm 0.01, 0.03 and 0.1 (full rate costs production 2, 6 and 20 %) and lag 0, 0.3 and 0.6
 s. Production's shim marks an iteration start every 0.1 s while it runs, so tgsd times
 its progress from them, as it times a job's that synchronises each iteration, and counts
@@ -61,11 +64,13 @@ class Rig:
     while `solo` is 0: idle), launching nothing then, and its shim counts the pauses
     (`paused_s`: by the step, where a shim counts each at the launch that ends it; the
     marks, taken only in steps where production runs, read the same). Production in its
-    `rhythm` works in bursts instead, its host work between them no pause."""
+    `rhythm` works in bursts instead, its host work between them no pause. Its progress in
+    each step is off its mean by a part drawn with a standard deviation of `noise`
+    (iterations that differ: sequences of different lengths; 0: none)."""
 
     def __init__(self, ctl, solo=50_000.0, harm=0.0, capacity=100_000.0, lag_s=0.0, queue_harm=0.0,
                  overlap: float | None = None, deep_harm=0.0, beside=0.0, deep_slow=0.0, queue_need=0,
-                 marked=False, harm_upto=math.inf):
+                 marked=False, harm_upto=math.inf, noise=0.0):
         self.ctl, self.solo, self.harm, self.capacity, self.t = ctl, solo, harm, capacity, 0.0
         self.queue_harm = queue_harm
         self.harm_upto = harm_upto
@@ -93,6 +98,8 @@ class Rig:
         self.busy_s = 0.0  # ... and the seconds its bursts have taken so far (its shim's busy time)
         self.spell_draws = random.Random(0)  # its host spells, drawn so where its rhythm has a spread ...
         self.spell_after: dict[int, float] = {}  # ... the one after each iteration's burst, by its number
+        self.noise = noise
+        self.noise_draws = random.Random(0)  # (seeded: the same draws on any machine)
 
     def _spell(self) -> float:
         """The host spell after a burst of its rhythm: `host_s`, or where the rhythm has a
@@ -143,6 +150,8 @@ class Rig:
             self.queued.append(opp)
             hurts = self.queued.popleft()  # what ran lag_s ago (without production too: the lag stays lag_s)
             prod = max(0.0, self.solo - self.harm * min(hurts, self.harm_upto)) if production else 0.0
+            if self.noise and prod:
+                prod *= max(0.0, 1 + self.noise_draws.gauss(0.0, self.noise))
             if opp and b and b.inflight != 1:
                 prod *= 1 - self.queue_harm
             if opp and deep:
@@ -231,6 +240,18 @@ def stalls(length: float, every: float, seed: int) -> Pauses:
 
 
 @dataclass(frozen=True)
+class Noisy:
+    """Production whose load follows `load`, each of its 0.1 s iterations off it by a part
+    drawn with a standard deviation of `noise`, the draws seeded with `seed` (`Rig.noise`)."""
+    load: Load
+    noise: float
+    seed: int
+
+    def __call__(self, t: float) -> float:
+        return self.load(t)
+
+
+@dataclass(frozen=True)
 class Rhythm:
     """Production whose every iteration is `busy_s` of work on the GPU (at its solo
     progress, longer where harm slows it) and then `host_s` on its host (a slow data
@@ -250,7 +271,7 @@ class Rhythm:
         return min(capacity, solo * (1 - 1 / stretch) / harm)
 
 
-GROUPS: dict[str, list[tuple[str, Load | Pauses | Rhythm]]] = {
+GROUPS: dict[str, list[tuple[str, Load | Pauses | Rhythm | Noisy]]] = {
     "falls": [(f"fall {c:.0%} over {s:g} s", ramp(-c, s)) for c in (0.1, 0.3, 0.5) for s in (0, 2, 5, 10, 30, 60)],
     "rises": [(f"rise {c:.0%} over {s:g} s", ramp(c, s)) for c in (0.1, 0.3, 0.5) for s in (0.1, 2, 8, 16, 30)],
     "waves": [(f"wave +-{a:.0%}, period {p:g} s", wave(a, p)) for a in (0.05, 0.1, 0.2) for p in (2, 6, 20, 60)],
@@ -260,6 +281,10 @@ GROUPS: dict[str, list[tuple[str, Load | Pauses | Rhythm]]] = {
                 for h in (0.3, 0.6, 0.7, 1.0, 1.5, 2.0, 3.0, 4.0)],
     "irregular": [(f"0.2 s on the GPU, {h:g} s +-{sp:.0%} on the host", Rhythm(0.2, h, sp)) for h in (0.5, 1.0, 1.5, 3.0)
                   for sp in (0.07, 0.17, 0.33)],
+    "noisy": [(f"steady, iterations +-{n:.0%} (draws {seed})", Noisy(ramp(0.0, 1.0), n, seed)) for n in (0.05, 0.1, 0.15)
+              for seed in range(3)]
+             + [(f"{name}, iterations +-10%", Noisy(load, 0.1, 0)) for name, load in
+                (("rise 10% over 8 s", ramp(0.1, 8.0)), ("fall 10% over 10 s", ramp(-0.1, 10.0)))],
 }
 
 
@@ -280,22 +305,25 @@ class Case:
                    round(sum(opportunistic) / len(opportunistic), 3), round(min(opportunistic), 3))
 
 
-def settled(harm: float, lag_s: float = 0.0, rhythm: Rhythm | None = None) -> Rig:
+def settled(harm: float, lag_s: float = 0.0, rhythm: Rhythm | None = None, noisy: Noisy | None = None) -> Rig:
     """A rig sharing with a settled bound (no deeper trials): production (in its `rhythm`,
     where it has one) measured alone at SOLO, opportunistic work beside it for 50 s without
-    harm; from now on each opportunistic block costs production `harm` blocks, `lag_s` late."""
+    harm; from now on each opportunistic block costs production `harm` blocks, `lag_s` late,
+    and its iterations differ as `noisy` draws them, where given."""
     r = Rig(FastController(ControlConfig(inflight_deepest=2)), solo=SOLO, lag_s=lag_s, marked=True)
     r.rhythm = rhythm
     r.run(2, opportunistic=False)
     r.run(50)
     r.harm = harm
+    if noisy is not None:
+        r.noise, r.noise_draws = noisy.noise, random.Random(noisy.seed)
     return r
 
 
-def run_case(name: str, load: Load | Pauses | Rhythm, harm: float, lag_s: float) -> Case:
+def run_case(name: str, load: Load | Pauses | Rhythm | Noisy, harm: float, lag_s: float) -> Case:
     if isinstance(load, Rhythm):
         return _run_rhythm(name, load, harm, lag_s)
-    r = settled(harm, lag_s)
+    r = settled(harm, lag_s, noisy=load if isinstance(load, Noisy) else None)
     production, opportunistic = [], []
     p0, o0, solo, allowed = r.produced, r.opportunistic_done, 0.0, 0.0
     per_window = round(WINDOW_S / DT)

@@ -155,14 +155,13 @@ def test_the_rig_benchmark_follows_the_controller_through_moving_loads_and_write
     result = rig.run(echo=said.append, quick=True, json_path=tmp_path / "rig.json")
     written = json.loads((tmp_path / "rig.json").read_text())
     assert {g: len(cs) for g, cs in written["cases"].items()} == {"falls": 18, "rises": 15, "waves": 12, "stalls": 9,
-                                                                 "rhythms": 24, "irregular": 12}
+                                                                 "rhythms": 24, "irregular": 12, "noisy": 11}
     assert written["summary"] == result["summary"]
     for group, s in result["summary"].items():
         # the tolerance is 3 %: production keeps most of its solo progress whatever its load does,
-        # and opportunistic work gets a good part of what the tolerance allows (but beside
-        # irregular rhythms, a known miss: docs/results.md)
+        # and opportunistic work gets a good part of what the tolerance allows
         assert 0.93 <= s["production_mean"] <= 1.0, (group, s)
-        assert group == "irregular" or s["opportunistic_mean"] >= 0.3, (group, s)
+        assert s["opportunistic_mean"] >= 0.3, (group, s)
     md = (tmp_path / "rig" / "rig.md").read_text()
     assert "| waves" in md and "worst 10 s window" in md
     assert any("rig.json" in line for line in said)

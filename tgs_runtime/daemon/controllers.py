@@ -302,6 +302,7 @@ class Window:
     timed from start to start: cuts, and opportunistic work at 0.258 of what the tolerance
     allows in the controller rig."""
     TIMED_SPAN = 0.5  # each container's iteration starts must span this part of the stretch ...
+    NOISE_ITERATIONS = 4  # a stretch's noise is told by this many of each container's iterations (`noise`)
 
     def __init__(self, span: float):
         self.span = span
@@ -382,6 +383,33 @@ class Window:
         its spell; else None."""
         covered = self._stretch(since).dt
         return self._timed(since, covered, spells) if covered > 0 else None
+
+    def noise(self, since: float) -> float | None:
+        """The standard error of production's progress after `since`, timed from iteration
+        start to iteration start (`_timed`), as a part of it: each container's rate over its
+        iterations is the ratio of their blocks to their time, and their spread around it
+        tells that ratio's error (sqrt(sum (b_i - R t_i)^2 / (n (n - 1))) over their mean
+        time, for n iterations of b_i blocks in t_i s at R blocks/s); the containers'
+        errors add up. None where a container marked fewer than NOISE_ITERATIONS
+        iterations since (a job of long iterations: a profile holds one or two of them),
+        or none marks. A job whose iterations differ (sequences of different lengths, a
+        data loader that stalls now and then) is known only to this much by a profile of
+        one second or so: its profiles differ by as much, whatever its load does."""
+        latest = self.items[-1].marks if self.items else ()
+        total = var = 0.0
+        for source in (m.source for m in latest):
+            marks = self._marks(source, since)
+            n = len(marks) - 1
+            if n < self.NOISE_ITERATIONS:
+                return None
+            steps = [(b.blocks - a.blocks, unpaused_between(a, b)) for a, b in itertools.pairwise(marks)]
+            took = sum(d for _, d in steps)
+            if any(d <= 0 for _, d in steps):
+                return None
+            rate = sum(b for b, _ in steps) / took
+            total += rate
+            var += sum((b - rate * d) ** 2 for b, d in steps) / (n * (n - 1)) / (took / n) ** 2
+        return math.sqrt(var) / total if total > 0 else None
 
     def overlap(self, since: float = float("-inf")) -> Overlap:
         """The samples' Overlap after `since` (the whole window by default), summed, over
@@ -585,7 +613,8 @@ class FastController:
     PROFILES_KEPT = 8  # the solo figure is the mean of the last profiles of one load
     FOLLOW_S = 5.0     # a figure taken from a load that was moving is measured again this much later
     FOLLOW_MOVE = 0.5  # a followed or checked load moved: its profile is off the figure by more than this part
-                       # of the tolerance (the periodic profile: the whole tolerance)
+                       # of the tolerance (the periodic profile: the whole tolerance) ...
+    NOISE_Z = 2.0      # ... and by more than this many standard errors of the two (`_followed`)
     OWN_FALL_PART = 0.25          # overlap below this part of a fall: the fall is production's own
     FREE_WHY = "no production on the GPU"  # why it is free: where it starts, and where production leaves
 
@@ -700,18 +729,25 @@ class FastController:
     def _profile(self, t: float, why: str, same_load: bool = False, purpose: Purpose = Purpose.MEASURE,
                  way: int = 0, resume_at: int | None = None) -> None:
         """Pauses opportunistic work to measure production alone. Only a profile of the same
-        load (`same_load`: the periodic one, a check, a follow-up) keeps the earlier ones to
-        average with: any other comes after a change (a new pair, a return from idle, a load
-        change), and the load after it starts from the configured in-flight bound, as from
+        load (`same_load`: the periodic one, a check, a follow-up) or one that a fall called
+        for (FOLLOW, `way` -1) keeps the earlier ones to average with: any other comes after
+        a change (a new pair, a return from idle, a load change), and the load after it
+        starts from the configured in-flight bound, as from
         no rate limit: a bound of one, taken against the last load's harm, costs
         opportunistic work the moments between one of its kernels ending and the next being
         launched (a fifth of the idle time beside 75 % duty on simgpu,
         docs/results/history.md, dynamics). A FOLLOW profile of a load that just moved
         gives the way it moved (`way`: 1 up, -1 down), which `_followed` follows; one that
-        two fruitless cuts called for gives the rate they left (`resume_at`, `_fell`)."""
+        two fruitless cuts called for gives the rate they left (`resume_at`, `_fell`). The
+        end of one that a fall called for (`_followed`) replaces the figure's profiles where
+        the load fell, and averages it with them where it finds the load where it was:
+        started afresh, the figure that two fruitless cuts of a job whose profiles differ by
+        3 % (its iterations by 10 %) called for rested on one profile, in the controller rig
+        one 2.8 % low for a minute, and production was held to 0.943 of its solo progress."""
         self.resume_at = resume_at
         if not same_load:
-            self.profiles = []
+            if not (purpose is Purpose.FOLLOW and way < 0):
+                self.profiles = []
             self._unfollow()  # a new load
             self.bound.restore()
             self.own_figure, self.overlap_trusted = None, True
@@ -798,7 +834,15 @@ class FastController:
         spells vary reads its spells' noise as its load moving (1 s drawn within +-33 % in
         the controller rig: 10,833 blocks/s after 8,282, followed up 5 s later, five
         profiles a minute, opportunistic work at 0.80 of what the tolerance allows; one
-        profile and 0.97 so). Averaged in or a new load's figure, it is p, as any profile:
+        profile and 0.97 so). A profile below the figure is off it only by more than the
+        noise of the two as well (`_noise`): a job whose iterations differ by 10 % is known
+        to about 3 % by a profile of a second, and judged against the bar alone, its
+        profiles' noise read as its load falling (in the controller rig, 66 profiles in six
+        runs of two minutes, 31 of them follow-ups, each pausing opportunistic work for a
+        second; 27 and 3 so). One above it is judged by the bar alone: a figure too low is
+        the one that costs production (judged against the noise too, a rise of 10 % that
+        profiles read 5.6 % up was averaged in, and production ran at 0.948 of its solo
+        progress for two minutes). Averaged in or a new load's figure, it is p, as any profile:
         one settled by its busy time but off the load's profiles by over LOAD_CHANGE (its
         host spells moved: a data loader that got faster) is a new load's figure, and the
         decision log says so (it said "settled"). Returns what it found, for the decision
@@ -810,15 +854,17 @@ class FastController:
         sign = 1 if r > solo else -1
         self.follow_sign = 0
         self.reprofile_after = min(self.cfg.reprofile_s, 2 * self.reprofile_after)
-        if abs(r - solo) <= bar * solo:
-            had = bool(self.profiles)  # (none: the figure was not profiled, or a profile called by a change began)
+        noise = self._noise(since) if r < solo else 0.0
+        if abs(r - solo) <= max(bar, noise) * solo:
+            had = bool(self.profiles)  # (none: the figure was not profiled)
             if self._profiled(p) or not had:
-                return "settled"
+                return "settled" if abs(r - solo) <= bar * solo else \
+                    f"settled: within the noise of its profiles ({abs(r / solo - 1):.1%} off, up to {noise:.1%})"
             # within the bar by its busy time, but its host spells moved (a loader that got
             # faster): a new load's figure, as any profile off by LOAD_CHANGE
             moved = " (by its busy time it settled: its host spells moved)" if q is not None else ""
             return f"off its profiles by over {self.LOAD_CHANGE:.0%}{moved}: taken as a new load"
-        if way and sign != way and r <= (1 + self.cfg.tolerance) * solo:
+        if way and sign != way and r <= (1 + max(self.cfg.tolerance, noise)) * solo:
             not_followed = f"not followed {'up' if sign > 0 else 'down'}"
             if self._profiled(p):
                 return f"settled: {not_followed}"
@@ -834,6 +880,17 @@ class FastController:
         self.follow_sign = sign
         self.follow_at = t + self.FOLLOW_S
         return f"{'rising' if sign > 0 else 'falling'}, measured again in {self.FOLLOW_S:g} s"
+
+    def _noise(self, since: float | None) -> float:
+        """How far a profile from `since` may be off the figure by the noise of the two
+        alone, as a part of the figure: NOISE_Z of their standard errors together, the
+        figure's that of its profiles' mean (each taken to be as noisy as this one); 0
+        where the profile's noise is not known (`Window.noise`), or the figure has no
+        profiles (taken beside opportunistic work, or by a profile that a change called
+        for: this profile is its first, and one moved past the bar is followed up to
+        measure it again)."""
+        se = None if since is None or not self.profiles else self.window.noise(since)
+        return self.NOISE_Z * se * math.sqrt(1 + 1 / max(1, len(self.profiles))) if se else 0.0
 
     def _fading(self, t: float, since: float, covered: float, whole: float | None) -> str | None:
         """Why the profile ending now goes on for another profile_s; None where it does not.
@@ -860,7 +917,7 @@ class FastController:
                 f"the whole ({whole:,.0f}): still coming back from opportunistic work; profiling "
                 f"{self.cfg.profile_s:g} s more")
 
-    def _checked(self, t: float, p: float, covered: float) -> None:
+    def _checked(self, t: float, p: float, covered: float, since: float) -> None:
         """The end of a profile that checked the solo figure behind a violation that cuts
         eased but did not end. Production alone below the figure by more than half the
         tolerance: its own load fell (slowly, within one job: a turnover of processes is
@@ -875,7 +932,7 @@ class FastController:
         self.drift_since = None
         why = "checked the solo figure: nothing measured"
         if covered > 0:
-            found = self._followed(t, p, self.FOLLOW_MOVE * self.cfg.tolerance, -1)
+            found = self._followed(t, p, self.FOLLOW_MOVE * self.cfg.tolerance, -1, since)
             if self.follow_sign:
                 self.violations = None  # judged afresh against the new figure
             why = f"checked the solo figure: production alone at {p:,.0f} blocks/s; the load {found}"
@@ -1420,7 +1477,7 @@ class FastController:
                 if self.profile_first is not None:
                     p = max(p, self.profile_first)
                 if self.purpose is Purpose.CHECK and s.opportunistic:
-                    self._checked(t, p, covered)
+                    self._checked(t, p, covered, since)
                     return self._budget()
                 found, rate = "", self.rate_good
                 if covered > 0:

@@ -386,15 +386,16 @@ class Window:
 
     def noise(self, since: float) -> float | None:
         """The standard error of production's progress after `since`, timed from iteration
-        start to iteration start (`_timed`), as a part of it: each container's rate over its
-        iterations is the ratio of their blocks to their time, and their spread around it
-        tells that ratio's error (sqrt(sum (b_i - R t_i)^2 / (n (n - 1))) over their mean
-        time, for n iterations of b_i blocks in t_i s at R blocks/s); the containers'
-        errors add up. None where a container marked fewer than NOISE_ITERATIONS
-        iterations since (a job of long iterations: a profile holds one or two of them),
-        or none marks. A job whose iterations differ (sequences of different lengths, a
-        data loader that stalls now and then) is known only to this much by a profile of
-        one second or so: its profiles differ by as much, whatever its load does."""
+        start to iteration start less its pauses (as a profile times it), as a part of it:
+        each container's rate over its iterations is the ratio of their blocks to their
+        time, and their spread around it tells that ratio's error (sqrt(sum (b_i - R t_i)^2
+        / (n (n - 1))) over their mean time, for n iterations of b_i blocks in t_i s at R
+        blocks/s); the containers' errors add up. None where a container marked fewer than
+        NOISE_ITERATIONS iterations since (a job of long iterations: a profile holds one or
+        two of them), or none marks. A job whose iterations differ (sequences of different
+        lengths, a data loader that stalls now and then) is known only to this much by a
+        profile of one second or so: its profiles differ by as much, whatever its load
+        does."""
         latest = self.items[-1].marks if self.items else ()
         total = var = 0.0
         for source in (m.source for m in latest):

@@ -918,7 +918,7 @@ class FastController:
                 f"the whole ({whole:,.0f}): still coming back from opportunistic work; profiling "
                 f"{self.cfg.profile_s:g} s more")
 
-    def _checked(self, t: float, p: float, covered: float, since: float) -> None:
+    def _checked(self, t: float, p: float, covered: float) -> None:
         """The end of a profile that checked the solo figure behind a violation that cuts
         eased but did not end. Production alone below the figure by more than half the
         tolerance: its own load fell (slowly, within one job: a turnover of processes is
@@ -928,12 +928,16 @@ class FastController:
         run of violations, left the figure to starve opportunistic work). Otherwise it is
         one more profile of the same load. Either way
         the rate goes on from where the cuts left it: against the figure now known it is
-        cut further or ramped back up within seconds."""
+        cut further or ramped back up within seconds. Judged by the bar alone, not against
+        the profiles' noise: cuts to a tenth that left production below say more than a
+        profile can (judged against the noise too, a fall of 10 % beside iterations 10 %
+        apart was averaged in at each check, and opportunistic work had 0.41 of what is
+        allowed in the controller rig; 0.51 so)."""
         self.purpose = Purpose.MEASURE
         self.drift_since = None
         why = "checked the solo figure: nothing measured"
         if covered > 0:
-            found = self._followed(t, p, self.FOLLOW_MOVE * self.cfg.tolerance, -1, since)
+            found = self._followed(t, p, self.FOLLOW_MOVE * self.cfg.tolerance, -1)
             if self.follow_sign:
                 self.violations = None  # judged afresh against the new figure
             why = f"checked the solo figure: production alone at {p:,.0f} blocks/s; the load {found}"
@@ -1478,7 +1482,7 @@ class FastController:
                 if self.profile_first is not None:
                     p = max(p, self.profile_first)
                 if self.purpose is Purpose.CHECK and s.opportunistic:
-                    self._checked(t, p, covered, since)
+                    self._checked(t, p, covered)
                     return self._budget()
                 found, rate = "", self.rate_good
                 if covered > 0:

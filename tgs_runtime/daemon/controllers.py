@@ -222,6 +222,14 @@ class OwnFalls:
 
 
 @dataclass(frozen=True)
+class Profiled:
+    """A profile of production's present load: its progress alone, blocks/s, and each
+    container's host spell per iteration that it measured (`Window.host_spells`)."""
+    rate: float
+    spells: dict[str, float]
+
+
+@dataclass(frozen=True)
 class Turnover:
     """A production process started or ended (`FastController.step`): the load after it is
     judged a second later."""
@@ -624,8 +632,7 @@ class FastController:
         self.window = Window(self.WINDOW_S)
         self.phase = Phase.FREE
         self.solo: float | None = None
-        self.profiles: list[float] = []  # of production's present load
-        self.profile_spells: list[dict[str, float]] = []  # ... and the host spells each measured (`_profiled`)
+        self.profiles: list[Profiled] = []  # of production's present load
         self.rate = UNLIMITED
         self.rate_good = UNLIMITED
         self.changed_at = float("-inf")
@@ -788,14 +795,13 @@ class FastController:
         if self.own_figure is not None and p > (1 + self.cfg.tolerance) * self.own_figure:
             self.overlap_trusted = False
         self.own_figure = None
-        mean = _harmonic(self.profiles) if self.profiles else None
+        mean = _harmonic([x.rate for x in self.profiles]) if self.profiles else None
         same = mean is not None and abs(p - mean) <= self.LOAD_CHANGE * mean
-        self.profiles = (self.profiles[-(self.PROFILES_KEPT - 1):] if same else []) + [p]
         spells = self.window.host_spells(self.changed_at + self.SETTLE_S)
-        self.profile_spells = (self.profile_spells[-(self.PROFILES_KEPT - 1):] if same else []) + [spells]
+        self.profiles = (self.profiles[-(self.PROFILES_KEPT - 1):] if same else []) + [Profiled(p, spells)]
         self.rise_checked = self.rise_checked and same
-        self.solo = _harmonic(self.profiles)
-        self.window.spells = _mean_spells(self.profile_spells)
+        self.solo = _harmonic([x.rate for x in self.profiles])
+        self.window.spells = _mean_spells(self.profiles)
         self._note_work()
         return same
 
@@ -850,7 +856,7 @@ class FastController:
         log."""
         solo = self.solo or 0.0
         q = None if since is None else \
-            self.window.timed_rate(since, _mean_spells(self.profile_spells) if self.profiles else {})
+            self.window.timed_rate(since, _mean_spells(self.profiles))
         r = p if q is None else q
         sign = 1 if r > solo else -1
         self.follow_sign = 0
@@ -1590,12 +1596,12 @@ def _harmonic(rates: list[float]) -> float:
     return len(rates) / sum(1 / r for r in rates) if all(rates) else 0.0
 
 
-def _mean_spells(measured: list[dict[str, float]]) -> dict[str, float]:
+def _mean_spells(profiles: list[Profiled]) -> dict[str, float]:
     """Each container's host spell, the mean of those the profiles of production's load
     measured (`FastController._profiled`)."""
     by_source: dict[str, list[float]] = {}
-    for spells in measured:
-        for source, spell in spells.items():
+    for x in profiles:
+        for source, spell in x.spells.items():
             by_source.setdefault(source, []).append(spell)
     return {source: sum(v) / len(v) for source, v in by_source.items()}
 

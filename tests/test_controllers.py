@@ -33,6 +33,27 @@ def run_until(r: Rig, done, within_s: float = 10.0):
     pytest.fail(f"not within {within_s:g} s; the latest decision: {r.ctl.why}")
 
 
+@dataclass
+class Profiles:
+    """What a rig's profiles said over a run (`profiles_in`): the decision that started each,
+    and the one each ended with."""
+    started: list[str]
+    ended: list[str]
+
+
+def profiles_in(r: Rig, seconds: float) -> Profiles:
+    """Runs the rig `seconds`, a period at a time, noting the profiles started and ended."""
+    out, was = Profiles([], []), r.budget.state if r.budget else None
+    for _ in range(round(seconds / DT)):
+        b = r.run(DT)
+        if b.state == "profile" and was != "profile":
+            out.started.append(b.why)
+        elif was == "profile" and b.state != "profile":
+            out.ended.append(r.ctl.why)
+        was = b.state
+    return out
+
+
 def test_no_production_means_no_limit():
     r = Rig(fast())
     b = r.run(2, production=False)
@@ -469,11 +490,7 @@ def test_profiles_of_production_whose_host_spells_vary_are_judged_by_its_busy_ti
     allows. Timed by its busy time and the figure's host spells, the periodic profile
     finds the load where it was."""
     r = settled(0.03, 0.0, Rhythm(0.2, 1.0, 0.33))
-    profiles, last = 0, None
-    for _ in range(round(60 / DT)):
-        r.run(DT)
-        profiles += r.budget.state == "profile" and last != "profile"
-        last = r.budget.state
+    profiles = len(profiles_in(r, 60).started)
     assert profiles <= 2, f"{profiles} profiles in 60 s ({r.ctl.why})"
     case = run_case("", Rhythm(0.2, 1.0, 0.33), harm=0.03, lag_s=0.0)
     assert case.production_mean >= 0.97 and case.opportunistic_mean >= 0.9, case
@@ -491,13 +508,10 @@ def test_profiles_of_production_whose_iterations_differ_are_judged_against_their
     profiles = follow_ups = 0
     for seed, harm in itertools.product(range(3), (0.01, 0.03)):
         r = settled(harm, noisy=Noisy(lambda t: 1.0, 0.1, seed))
-        before, last = r.produced, None
-        for _ in range(round(120 / DT)):
-            r.run(DT)
-            if r.budget.state == "profile" and last != "profile":
-                profiles += 1
-                follow_ups += r.budget.why.startswith("the solo figure was taken while production's load moved")
-            last = r.budget.state
+        before = r.produced
+        started = profiles_in(r, 120).started
+        profiles += len(started)
+        follow_ups += sum(why.startswith("the solo figure was taken while production's load moved") for why in started)
         production = (r.produced - before) / 120 / SOLO
         assert production >= 0.96, f"production at {production:.3f} of its solo progress (draws {seed}, harm {harm})"
     assert profiles <= 36 and follow_ups <= 8, f"{profiles} profiles, {follow_ups} follow-ups in six runs of 2 minutes"
@@ -510,12 +524,7 @@ def test_production_whose_data_loader_got_faster_is_taken_as_a_new_load():
     and the decision log says so: it said "the load settled"."""
     r = settled(0.03, 0.0, Rhythm(0.2, 1.0))
     r.rhythm = Rhythm(0.2, 0.5)
-    ends, last = [], None
-    for _ in range(round(60 / DT)):
-        r.run(DT)
-        if last == "profile" and r.budget.state != "profile":
-            ends.append(r.ctl.why)
-        last = r.budget.state
+    ends = profiles_in(r, 60).ended
     assert ends, "no profile in the minute after the change"
     assert ends[0].endswith("taken as a new load"), ends
     assert r.ctl.solo == pytest.approx(SOLO * 0.2 / 0.7, rel=0.05), ends
@@ -1478,18 +1487,11 @@ def test_harm_that_two_cuts_do_not_shrink_is_cut_on_from_where_they_left_it():
     the figure's profiles afresh)."""
     r = Rig(fast(inflight_deepest=2), solo=50_000.0, harm=1.0, harm_upto=5_000.0, marked=True)
     run_until(r, lambda b: b.state == "run")
-    stays, was = [], r.budget.state
-    for _ in range(round(60 / DT)):  # a few rounds of cuts and profiles
-        b = r.run(DT)
-        if was == "profile" and b.state != "profile" and "the cuts stay" in r.ctl.why:
-            stays.append(r.ctl.why)
-        was = b.state
+    stays = [why for why in profiles_in(r, 60).ended if "the cuts stay" in why]  # a few rounds of cuts and profiles
     assert stays and all("; the load settled; the cuts stay" in why for why in stays), stays
-    before, profiles, was = r.produced, 0, r.budget.state
-    for _ in range(round(30 / DT)):
-        b = r.run(DT)
-        profiles += b.state == "profile" and was != "profile"
-        was = b.state
+    before = r.produced
+    profiles = len(profiles_in(r, 30).started)
+    b = r.budget
     prod = (r.produced - before) / 30 / r.solo
     assert profiles <= 1, f"{profiles} profiles in 30 s"
     assert prod >= 0.95, f"production at {prod:.3f} of its solo progress over the last 30 s"

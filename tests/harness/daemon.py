@@ -36,6 +36,12 @@ class StatusWindow:
     unquiet: str = "a profile"  # what a window was to be without, for `caveat`
 
     @property
+    def seconds(self) -> float:
+        """How long the window was by simgpu's clock (a little over what was asked: tgsd's
+        status is read between the samples)."""
+        return (self.after["time_ns"] - self.before["time_ns"]) / 1e9
+
+    @property
     def caveat(self) -> str:
         """For a failure message: what it means where no quiet window was found."""
         return "" if self.quiet else f" (every window searched had {self.unquiet})"

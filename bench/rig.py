@@ -70,7 +70,7 @@ class Rig:
 
     def __init__(self, ctl, solo=50_000.0, harm=0.0, capacity=100_000.0, lag_s=0.0, queue_harm=0.0,
                  overlap: float | None = None, deep_harm=0.0, beside=0.0, deep_slow=0.0, queue_need=0,
-                 marked=False, harm_upto=math.inf, noise=0.0):
+                 marked=False, harm_upto=math.inf):
         self.ctl, self.solo, self.harm, self.capacity, self.t = ctl, solo, harm, capacity, 0.0
         self.queue_harm = queue_harm
         self.harm_upto = harm_upto
@@ -98,7 +98,7 @@ class Rig:
         self.busy_s = 0.0  # ... and the seconds its bursts have taken so far (its shim's busy time)
         self.spell_draws = random.Random(0)  # its host spells, drawn so where its rhythm has a spread ...
         self.spell_after: dict[int, float] = {}  # ... the one after each iteration's burst, by its number
-        self.noise = noise
+        self.noise = 0.0  # (set with its draws' seed by `settled`)
         self.noise_draws = random.Random(0)  # (seeded: the same draws on any machine)
 
     def _spell(self) -> float:

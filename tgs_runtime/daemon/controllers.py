@@ -404,7 +404,7 @@ class Window:
         lengths, a data loader that stalls now and then) is known only to this much by a
         profile of one second or so: its profiles differ by as much, whatever its load
         does."""
-        latest = self.items[-1].marks if self.items else ()
+        latest = self._latest_marks()
         total = var = 0.0
         for source in (m.source for m in latest):
             marks = self._marks(source, since)
@@ -429,6 +429,11 @@ class Window:
         seen = list(self._after(since))
         return Overlap(sum(s.overlap.busy_s for s in seen), sum(s.overlap.gated_s for s in seen),
                        sum(s.overlap.overlap_s for s in seen), sum(s.dt for s in seen))
+
+    def _latest_marks(self) -> tuple[Mark, ...]:
+        """The latest sample's marks: each production container's latest iteration start
+        (none where no container marks its iterations)."""
+        return self.items[-1].marks if self.items else ()
 
     def _marks(self, source: str, since: float) -> list[Mark]:
         """A container's iteration starts at or after `since`, each once (every sample
@@ -461,13 +466,13 @@ class Window:
         spans a return from idle (or a new process, whose shim counts no pause before
         its eighth idle spell) is no iteration of the job, and is the latest only until
         its next mark."""
-        latest = self.items[-1].marks if self.items else ()
+        latest = self._latest_marks()
         return max((self._longest(self._last_two(m)) for m in latest), default=0.0)
 
     def iteration_blocks(self) -> int | None:
         """The blocks of production's latest iteration, between its last two starts, where
         one container marks them (None where more do, or it has not marked two)."""
-        latest = self.items[-1].marks if self.items else ()
+        latest = self._latest_marks()
         if len(latest) != 1:
             return None
         marks = self._last_two(latest[0])
@@ -486,7 +491,7 @@ class Window:
         whose starts in the stretch do not span enough of it (a new job, an idle one)
         leaves the stretch counted. With `spells`, each is timed by its busy time and its
         spell there, or the stretch is not timed (None)."""
-        latest = self.items[-1].marks if self.items else ()
+        latest = self._latest_marks()
         if not latest:
             return None
         end = self.items[-1].t
@@ -525,7 +530,7 @@ class Window:
         from its first iteration start after `since` to its last, where its marks carry
         its busy time (those whose marks do not are left out)."""
         spells = {}
-        for source in (m.source for m in (self.items[-1].marks if self.items else ())):
+        for source in (m.source for m in self._latest_marks()):
             marks = self._marks(source, since)
             if len(marks) < 2:
                 continue
@@ -540,7 +545,7 @@ class Window:
         the earliest of the second latest iteration starts at or after `since` of the
         containers it times so; None where one has not marked two since, or none is timed
         so."""
-        latest = self.items[-1].marks if self.items else ()
+        latest = self._latest_marks()
         reach = None
         for source in (m.source for m in latest if m.source in self.spells and m.busy_s):
             marks = self._marks(source, since)
@@ -553,7 +558,7 @@ class Window:
     def marking(self, t: float) -> bool:
         """Whether production is still marking its iteration starts at `t`: each container's
         latest within twice its latest iteration (`iteration_s`)."""
-        latest = self.items[-1].marks if self.items else ()
+        latest = self._latest_marks()
         if not latest:
             return False
         within = 2 * self.iteration_s()
@@ -925,7 +930,7 @@ class FastController:
             return None
         since = t - covered / 2
         late = self.window.timed_rate(since)
-        if late is None:
+        if late is None or late <= whole:
             return None
         se = self.window.noise(since)
         bar = self.cfg.tolerance if se is None else min(self.cfg.tolerance, self.NOISE_Z * se)

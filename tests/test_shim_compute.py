@@ -328,7 +328,10 @@ def test_a_job_new_to_the_shim_does_not_queue_its_long_kernels_beside_production
     shim) does not queue its long kernels beside production (gated, anticipated, half
     busy) before it has timed one: taken for its short kernels, ten of them were queued at
     once, and production kept 0.90-0.92 of its kernels over such a job's first 1.5 s in
-    three runs of six. Three new jobs in turn here, the worst of them counts."""
+    three runs of six. Three new jobs in turn here, the worst of them counts, by the time
+    production's kernels waited on the engine behind them (simgpu's accounting): by its
+    kernels a second, which the host's load moves too, a CI run on 2 busy cores read 0.938
+    of solo."""
     prod = container(proto.Class.PRODUCTION, "prod")
     opp = container(proto.Class.OPPORTUNISTIC, "opp")
     opp.control.set_budget(0, rate=proto.RATE_UNLIMITED, inflight=2, gate=True, anticipate=True)
@@ -336,18 +339,20 @@ def test_a_job_new_to_the_shim_does_not_queue_its_long_kernels_beside_production
                         prod.env(libshim.shim))
     simgpu.wait_for_contexts(["prod"])
     time.sleep(0.5)
-    solo, _ = rate_between(simgpu, "prod", 1.0)
     mixed = Workload(kernel_us=10, kernels=500, long_kernels=10, long_us=2000, shapes=5000, seconds=2,
                      report_s=0.5)
     shared = []
     for i in range(3):  # each job a new process: nothing timed
         o = simgpu.workload(mixed, f"opp{i}", opp.env(libshim.shim))
         simgpu.wait_for_contexts([f"opp{i}"])
-        shared.append(rate_between(simgpu, "prod", 1.5)[0])
+        before, after = simgpu.snapshots(1.5)
+        iterations = sim.between(before, after, "kernels")["prod"] / 10
+        shared.append(sim.between(before, after, "waited_ns")["prod"] / 1e6 / iterations)
         o.kill()
     p.kill()
-    # the worst of three: 0.996-1.000 of solo in three runs; 0.80-0.93 in three runs before
-    assert min(shared) >= 0.95 * solo, f"production ran {shared} kernels/s beside new jobs, {solo:.0f} alone"
+    # the worst of three: 0.055-0.181 ms in five runs here; 1.92-2.28 ms in four runs of five
+    # at ca0e297's parent, before the fix (by kernels/s, 0.80-0.93 of solo then, 0.996-1.000 after)
+    assert max(shared) < 0.6, f"production waited {shared} ms per 20 ms iteration behind new jobs"
 
 
 def test_a_job_whose_kernels_keep_their_lengths_is_timed_less_often(simgpu, container, libshim):

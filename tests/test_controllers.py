@@ -987,6 +987,20 @@ def test_a_rise_that_goes_on_through_the_profile_it_set_off_is_followed():
     assert prod >= 0.95 * r.solo, f"production at {prod / r.solo:.3f} of its solo progress"
 
 
+def test_a_rise_that_the_ramps_harm_would_hide_is_checked_before_the_rate_is_raised():
+    """Production's own load rises by a tenth at once as work costing it up to 20 % starts.
+    After the first cut production reads 1.04 of its figure, over the tolerance; the ramp
+    raised the rate on, its harm took that reading back within 4 s, and the rise stayed
+    hidden until the periodic profile 14 s in (production at 0.888 of its solo progress
+    over the first 10 s). The rate now waits while the reading is confirmed, and a check
+    profiles the rise."""
+    r = settled(0.1)
+    r.solo = 55_000.0
+    profiles = profiles_in(r, 8)
+    assert any("checking the figure" in why for why in profiles.started), profiles.started
+    assert profiles.figures and profiles.figures[0] == pytest.approx(55_000, rel=0.01), profiles.figures
+
+
 def test_a_load_that_falls_and_comes_back_within_one_job_is_measured_again_within_seconds():
     """Production's own load falls by a tenth over 8 s and comes back over the next 8 (a
     slow stretch of one job, with no idle moment). Its figure was followed down, and the

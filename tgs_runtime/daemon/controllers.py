@@ -1073,24 +1073,21 @@ class FastController:
             return True
         return False
 
-    def _above_unconfirmed(self, p: float, solo: float, judged_from: float, covered: float,
-                           timed: float | None) -> bool:
-        """Production timed above its figure by more than the tolerance and more than the
-        judged stretch's noise (NOISE_Z of its standard errors, `Window.noise`), beside a
-        rate limit, over less than CONFIRM_S since the last change: a marginal rise
-        (`_rose`) not confirmed yet, during which the rate is not raised. Raised, the harm it
-        adds hides the rise it may be: in the controller rig, production's load rose by a
-        tenth at once as work costing it up to 20 % arrived; after the first cut it read
-        1.04 of its figure, the ramp took that back within 4 s, and production ran at
-        0.85-0.93 of its new solo progress until the periodic profile 12 s later (its worst
-        10 s window 0.888). Held, the rise is confirmed and
-        profiled 3.3 s after the cut (0.910). Over the rig's rises at harm 0.1, the worst
-        windows averaged 0.914 (0.907). Not where the rate is unlimited (nothing is raised)
-        or the figure was checked already (`rise_checked`)."""
-        if self.rise_checked or timed is None or self.rate == UNLIMITED or covered >= self.CONFIRM_S:
+    def _unconfirmed(self, p: float, solo: float, judged_from: float, covered: float) -> bool:
+        """Whether production, timed above its figure by more than the tolerance (a marginal
+        rise, `_rose`), is a rise not confirmed yet, during which a rate limit is not raised:
+        over less than CONFIRM_S since the last change, and above the figure by more than
+        the judged stretch's noise too (NOISE_Z of its standard errors, `Window.noise`).
+        Raised, the harm it adds hides the rise it may be: in the controller rig,
+        production's load rose by a tenth at once as work costing it up to 20 % arrived;
+        after the first cut it read 1.04 of its figure, the ramp took that back within 4 s,
+        and production ran at 0.85-0.93 of its new solo progress until the periodic profile
+        12 s later (its worst 10 s window 0.888). Held, the rise is confirmed and profiled
+        3.3 s after the cut (0.910). Over the rig's rises at harm 0.1, the worst windows
+        averaged 0.914 (0.907). Not where the rate is unlimited: nothing is raised."""
+        if self.rate == UNLIMITED or covered >= self.CONFIRM_S:
             return False
-        noise = self.window.noise(judged_from) or 0.0
-        return p > solo * (1 + max(self.cfg.tolerance, self.NOISE_Z * noise))
+        return p > solo * (1 + self.NOISE_Z * (self.window.noise(judged_from) or 0.0))
 
     def _fell(self, t: float, p: float, o: float, solo: float, judged_from: float) -> None:
         """A violation: production's progress p below (1 - tolerance) * solo over the window from
@@ -1631,14 +1628,16 @@ class FastController:
                 return self._budget()
             p, judged_from = long_p, since
         rose = p > solo * (1 + self.LOAD_CHANGE)
-        marginal = not rose and not self.rise_checked and timed is not None and long_covered >= self.CONFIRM_S \
-            and min(p, long_p) > solo * (1 + tol)
+        # timed above its figure by the tolerance: a marginal rise, once the longer window
+        # confirms it (`_rose`); until then a rate limit is held (`_unconfirmed`)
+        over = not rose and not self.rise_checked and timed is not None and p > solo * (1 + tol)
+        marginal = over and long_covered >= self.CONFIRM_S and long_p > solo * (1 + tol)
         if rose or marginal:
             if self._rose(t, p, solo, judged_from, marginal) or self.rate != UNLIMITED:
                 return self._budget()  # (a limit is not raised while a rise is confirmed)
         else:
             self.drift_since = None
-        if self._above_unconfirmed(p, solo, judged_from, long_covered, timed):
+        if over and self._unconfirmed(p, solo, judged_from, long_covered):
             return self._budget()
         if p < (1 - tol) * solo:
             self._fell(t, p, o, solo, judged_from)

@@ -1087,7 +1087,7 @@ class FastController:
         and production ran at 0.85-0.93 of its new solo progress until the periodic profile
         12 s later (its worst 10 s window 0.888). Held, the rise is confirmed and profiled
         3.3 s after the cut (0.910). Over the rig's rises at harm 0.1, the worst windows
-        averaged 0.914 (0.907). Not where the rate is unlimited: nothing is raised."""
+        averaged 0.913 (0.907). Not where the rate is unlimited: nothing is raised."""
         if self.rate == UNLIMITED or covered >= self.CONFIRM_S:
             return False
         noise = self._noise(judged_from) if self.profiles else self.NOISE_Z * (self.window.noise(judged_from) or 0.0)

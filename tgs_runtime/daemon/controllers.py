@@ -1077,17 +1077,17 @@ class FastController:
         """Whether production, timed above its figure by more than the tolerance (a marginal
         rise, `_rose`), is a rise not confirmed yet, during which a rate limit is not raised:
         over less than CONFIRM_S since the last change, and above the figure by more than
-        the noise of the two too (`_noise`; where the figure has no profiles, NOISE_Z of the
-        judged stretch's standard errors, `Window.noise`): against the stretch's noise
-        alone, a figure that a profile read low held the rate beside iterations 15 % apart,
-        and opportunistic work had 0.552 of what is allowed in the rig (0.594 so).
-        Raised, the harm it adds hides the rise it may be: in the controller rig,
-        production's load rose by a tenth at once as work costing it up to 20 % arrived;
-        after the first cut it read 1.04 of its figure, the ramp took that back within 4 s,
-        and production ran at 0.85-0.93 of its new solo progress until the periodic profile
-        12 s later (its worst 10 s window 0.888). Held, the rise is confirmed and profiled
-        3.3 s after the cut (0.910). Over the rig's rises at harm 0.1, the worst windows
-        averaged 0.913 (0.907). Not where the rate is unlimited: nothing is raised."""
+        the noise of the two (`_noise`; where the figure has no profiles, NOISE_Z of the
+        judged stretch's standard errors, `Window.noise`). Raised, the harm it adds hides
+        the rise it may be: in the controller rig, production's load rose by a tenth at once
+        as work costing it up to 20 % arrived; after the first cut it read 1.04 of its
+        figure, the ramp took that back within 4 s, and production ran at 0.85-0.93 of its
+        new solo progress until the periodic profile 12 s later (its worst 10 s window
+        0.888). Held, the rise is confirmed and profiled 3.3 s after the cut (0.910). Over
+        the rig's rises at harm 0.1, the worst windows averaged 0.913 (0.907). Judged
+        against the stretch's noise alone, a figure that a profile read low held the rate
+        beside iterations 15 % apart, and opportunistic work had 0.552 of what is allowed
+        (0.594 so). Not where the rate is unlimited: nothing is raised."""
         if self.rate == UNLIMITED or covered >= self.CONFIRM_S:
             return False
         noise = self._noise(judged_from) if self.profiles else self.NOISE_Z * (self.window.noise(judged_from) or 0.0)
@@ -1633,7 +1633,7 @@ class FastController:
             p, judged_from = long_p, since
         rose = p > solo * (1 + self.LOAD_CHANGE)
         # timed above its figure by the tolerance: a marginal rise, once the longer window
-        # confirms it (`_rose`); until then a rate limit is held (`_unconfirmed`)
+        # confirms it (`_rose`); until then a rate limit is not raised (`_unconfirmed`)
         over = not rose and not self.rise_checked and timed is not None and p > solo * (1 + tol)
         marginal = over and long_covered >= self.CONFIRM_S and long_p > solo * (1 + tol)
         if rose or marginal:

@@ -586,31 +586,44 @@ def test_a_controller_trace_says_what_tgsd_did_in_a_phase():
     assert ControllerTrace.moves_in_words(trace.moves(30.0, 40.0)) == "no status samples"
 
 
+def trace_misses(s: dict) -> list[str]:
+    """What a trace's summary of 1 ms opportunistic kernels beside production at 50 % duty
+    (`test_a_lab_traces_what_its_tgsd_saw_while_jobs_ran`) gets wrong, by check."""
+    waited = sum(s[f"opportunistic_{cause}_per_s"] for cause in proto.WAIT_CAUSES)
+    checks = {
+        "samples": 6 <= s["samples"] <= 9,
+        "run": s["states"].get("run", 0) >= s["samples"] // 2,
+        "watched, little beside": s["watched"] >= s["samples"] // 2 and s["beside_production_per_s_median"] < 0.1,
+        "production busy": 0.35 <= s["production_busy_per_s"] <= 0.7,
+        "its 20 ms iterations (50/s)": 40 <= s["production_iteration_starts_per_s"] <= 55,
+        "waited behind it": s["opportunistic_gated_per_s"] >= 0.8 * s["production_busy_per_s"],
+        "beside it": s["opportunistic_beside_per_s"] < 0.1,
+        # its launching thread's time is accounted for: behind production, or at the in-flight
+        # bound (two of its 1 ms kernels), a little anticipating production's next launch
+        "waits": s["opportunistic_inflight_per_s"] >= 0.1 and 0.7 <= waited <= 1.1,
+        "by bound": "2" in s["opportunistic_by_bound"] and abs(
+            s["opportunistic_by_bound"]["2"]["inflight_per_s"] - s["opportunistic_inflight_per_s"]) <= 0.1}
+    return [name for name, ok in checks.items() if not ok]
+
+
 def test_a_lab_traces_what_its_tgsd_saw_while_jobs_ran(libshim):
     """Through simgpu: 1 ms opportunistic kernels beside production at 50 % duty wait behind
     it, and the trace of tgsd's status says so. (The figure covers 3 s, and both jobs'
     start, before the first profile gates the opportunistic one, counts in it: the window
-    measured begins after that.)"""
-    with Lab(tgsd={}) as lab:
+    measured begins after that.) A slow spell of the host's (simgpu's engine starved: work
+    queued before a wait still runs through it) reads as work beside production in every
+    sample whose 3 s it falls in: a CI run read 0.63 s/s in six of the window's eight, and
+    tgsd, seeing production slowed, had set the bound to one. So two windows 2 s long are
+    traced, 5 s apart (their samples' 3 s apart too), and one must read all of it; the
+    bound stays at two (no deeper trial in either)."""
+    with Lab(tgsd={"control": {"inflight_deepest": 2}}) as lab:
         prod_c, opp_c = lab.container("production"), lab.container("opportunistic")
-        jobs = [lab.run(production(0.5, 9), "prod", prod_c), lab.run(opportunistic(9), "opp", opp_c)]
+        jobs = [lab.run(production(0.5, 14), "prod", prod_c), lab.run(opportunistic(14), "opp", opp_c)]
         with lab.trace(period=0.25) as trace:
             t0 = time.monotonic()
-            trace.span = (t0 + 5, t0 + 7)
-            time.sleep(7.5)
+            time.sleep(12.5)
         for j in jobs:
             j.kill()
-    s = trace.summary()
-    assert 6 <= s["samples"] <= 9, s
-    assert s["states"].get("run", 0) >= s["samples"] // 2, s
-    assert s["watched"] >= s["samples"] // 2 and s["beside_production_per_s_median"] < 0.1, s
-    assert 0.35 <= s["production_busy_per_s"] <= 0.7, s
-    assert 40 <= s["production_iteration_starts_per_s"] <= 55, s  # its 20 ms iterations (50/s)
-    assert s["opportunistic_gated_per_s"] >= 0.8 * s["production_busy_per_s"], s
-    assert s["opportunistic_beside_per_s"] < 0.1, s
-    # its launching thread's time is accounted for: behind production, or at the in-flight
-    # bound (two of its 1 ms kernels), a little anticipating production's next launch
-    waited = sum(s[f"opportunistic_{cause}_per_s"] for cause in proto.WAIT_CAUSES)
-    assert s["opportunistic_inflight_per_s"] >= 0.1 and 0.7 <= waited <= 1.1, s
-    assert s["opportunistic_by_bound"]["2"]["inflight_per_s"] == pytest.approx(s["opportunistic_inflight_per_s"],
-                                                                               abs=0.1), s
+    windows = [ControllerTrace(trace.samples, (t0 + start, t0 + start + 2)).summary() for start in (5, 10)]
+    misses = [trace_misses(s) for s in windows]
+    assert not all(misses), list(zip(misses, windows))

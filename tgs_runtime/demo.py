@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import enum
 import queue
+import signal
 import subprocess
 import sys
 import tempfile
@@ -28,7 +29,7 @@ from pathlib import Path
 from typing import Callable, Protocol, Sequence
 
 from tgs_runtime import demodocker, sim
-from tgs_runtime.childd import ChildTgsd, ProcessContainer, merge, own_config
+from tgs_runtime.childd import ChildTgsd, ProcessContainer, ends_with_us, merge, own_config
 from tgs_runtime.paths import artifacts
 from tgs_runtime.workload import Report, Workload, parse_line
 
@@ -75,7 +76,9 @@ class ProcessJob:
 
     @classmethod
     def start(cls, w: Workload, env: dict[str, str]) -> "ProcessJob":
-        return cls(subprocess.Popen(w.argv(), env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+        # (killed outright, the demo takes its jobs with it: ends_with_us)
+        return cls(subprocess.Popen(w.argv(), env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                    preexec_fn=ends_with_us(signal.SIGKILL)))
 
     def lines(self) -> Iterator[str]:
         yield from self.proc.stdout

@@ -18,7 +18,7 @@ from datetime import datetime
 import pytest
 
 from bench.common import HostCpu
-from harness.simgpu import SM_COUNT
+from harness.simgpu import SM_COUNT, threads_in_words
 from tgs_runtime import proto, sim
 from tgs_runtime.admin import Refused
 from tgs_runtime.control import ActivityFile, IterationMark
@@ -148,6 +148,7 @@ def test_a_production_job_stopped_mid_iteration_leaves_the_gpu_to_opportunistic_
     waits.append(d.container(opp.id))
     host = cpu.share(HostCpu.now())
     queued = {label: (c["queued"], c["kernels"]) for label, c in sim.contexts(after).items()}
+    threads = threads_in_words(o.popen.pid)  # (a CI run found it running nothing and in no wait of the shim's)
     p.popen.send_signal(signal.SIGCONT)
     time.sleep(1.5)
     again = busy(simgpu, ["prod", "opp"], 2)
@@ -160,7 +161,7 @@ def test_a_production_job_stopped_mid_iteration_leaves_the_gpu_to_opportunistic_
         f"while production was stopped: {stopped}; the opportunistic shims waited "
         + str({k: round(waits[1].get(k, 0) - waits[0].get(k, 0), 3) for k in map(proto.wait_key, proto.WAIT_CAUSES)})
         + f" s; simgpu's contexts (queued, kernels) after the window: {queued}; the host's CPUs busy / stolen "
-        + HostCpu.in_words(host))
+        + HostCpu.in_words(host) + f"; the opportunistic job's threads (state, wchan): {threads}")
     assert again["prod"] >= 0.9 * running["prod"], f"production before {running['prod']:.2f} s/s, after {again['prod']:.2f}"
     assert lifted["gpu"] == simgpu.uuids()[0]
     d.wait_event("production goes on: opportunistic work waits behind it again", timeout=1)

@@ -18,6 +18,20 @@ from tgs_runtime.workload import Report, Workload, parse_output, summary
 SM_COUNT = 108  # simgpu's SMs (libshim/simgpu/state.c): the workload launches one block per SM per kernel
 
 
+def threads_in_words(pid: int) -> str:
+    """Where each thread of process `pid` is, for a failure message: its state and the
+    kernel function it sleeps in (/proc's wchan), e.g. "4101 S futex_wait_queue"; what
+    cannot be read (the process gone) is left out."""
+    out = []
+    for task in sorted(Path(f"/proc/{pid}/task").glob("*"), key=lambda t: int(t.name)):
+        try:
+            state = (task / "stat").read_text().rsplit(")", 1)[1].split()[0]
+            out.append(f"{task.name} {state} {(task / 'wchan').read_text().strip() or '-'}")
+        except (OSError, IndexError):
+            continue
+    return ", ".join(out) or "no threads to read"
+
+
 @dataclass
 class Proc:
     """A program started by the harness; its output is collected when it ends."""

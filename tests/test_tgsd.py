@@ -161,7 +161,10 @@ def test_a_production_job_stopped_mid_iteration_leaves_the_gpu_to_opportunistic_
         f"while production was stopped: {stopped}; the opportunistic shims waited "
         + str({k: round(waits[1].get(k, 0) - waits[0].get(k, 0), 3) for k in map(proto.wait_key, proto.WAIT_CAUSES)})
         + f" s; simgpu's contexts (queued, kernels) after the window: {queued}; the host's CPUs busy / stolen "
-        + HostCpu.in_words(host) + f"; the opportunistic job's threads (state, wchan): {threads}")
+        + HostCpu.in_words(host) + f"; the opportunistic job's threads (state, wchan): {threads}"
+        + "; its budget as tgsd wrote it, before and after the window: "
+        + str([{k: w.get(k) for k in ("budget_blocks_per_s", "inflight_max", "gated", "anticipating", "turn",
+                                       "launches", "throttled_s")} for w in waits]))
     assert again["prod"] >= 0.9 * running["prod"], f"production before {running['prod']:.2f} s/s, after {again['prod']:.2f}"
     assert lifted["gpu"] == simgpu.uuids()[0]
     d.wait_event("production goes on: opportunistic work waits behind it again", timeout=1)

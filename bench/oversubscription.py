@@ -8,7 +8,11 @@ touches are checked at the end). Settings, side by side in one run:
   advice only     TGS with `[memory] orders = false`: allocations become managed memory with
                   the class's advice, nothing is moved explicitly (the original TGS code's way)
   TGS             TGS as shipped: tgsd orders opportunistic memory to the host and back
-Figures: throughput of each / its exclusive, pages moved, and whether anything failed.
+Figures: throughput of each / its exclusive, pages moved, and whether anything failed;
+on simgpu, a twin of the production job alone on a second simulated GPU, started at the
+same moment and measured over the same window (a control for the machine: production
+alone moved by up to 5 % from run to run on a 2-core VM, and the exclusive runs are
+taken once, before the others), and the host's CPUs over that window.
 Targets: production >= 0.95 with TGS; opportunistic >= 10x co-execution's where
 co-execution thrashes.
 
@@ -16,12 +20,13 @@ On a real GPU only the TGS setting runs, under a tgsd budget far below the card'
 the driver thrashes only past the card's own memory, which these runs never ask for."""
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import replace
 from pathlib import Path
 
-from bench.common import Echo, Outputs, machine, table
-from bench.lab import Job, Lab
+from bench.common import Echo, HostCpu, Outputs, machine, table
+from bench.lab import Job, Lab, twin_gpu
 from tgs_runtime import sim
 from tgs_runtime.workload import Workload
 
@@ -38,33 +43,47 @@ def shapes(real: bool, seconds: float) -> tuple[Workload, Workload]:
     return prod, opp
 
 
-def pair(lab: Lab, prod: Workload, opp: Workload, name: str, containers: tuple[dict | None, dict | None]) -> dict:
+def pair(lab: Lab, prod: Workload, opp: Workload, name: str, containers: tuple[dict | None, dict | None],
+         twin: Lab | None = None, twin_prod: Workload | None = None) -> dict:
     """Opportunistic first (it fills the GPU), production a second later, as in a shared
     cluster. The opportunistic job runs until production has ended, then is stopped (SIGINT:
     it still verifies), so that the two iterate together however long either one's set-up
     takes: on an H200, with both running for the same time, the opportunistic job's
     iterations were over before production had written its 12,000 MiB pattern, and there was
-    no time together to measure. Rates are taken over the time both iterated (`together`)."""
+    no time together to measure. Rates are taken over the time both iterated (`together`).
+    With a `twin` Lab, `twin_prod` (production as the exclusive run had it) starts there
+    at the same moment as production, alone, runs until production has ended, and is
+    measured over the same window; with it, the host's CPUs over that window."""
     o = lab.run(replace(opp, seconds=opp.seconds + OUTLAST_S), f"{name}-opp", containers[1])
     time.sleep(1.0)
     p = lab.run(prod, f"{name}-prod", containers[0])
+    tw = (twin.run(replace(twin_prod or prod, seconds=prod.seconds + OUTLAST_S), f"twin-{name}")
+          if twin else None)
     due = p.started + prod.seconds + 120  # then production, still running, has hung
-    marks = []  # (when, simgpu's accounting) every half second while it runs: none on a real GPU
+    # (when, simgpu's accounting, the host's CPUs) every half second while it runs: none on a real GPU
+    marks: list[tuple[float, dict, HostCpu]] = []
     while p.proc.poll() is None and time.monotonic() < due:
         snap = lab.snapshot()
         if snap is None:
             break
-        marks.append((time.monotonic(), snap))
+        marks.append((time.monotonic(), snap, HostCpu.now()))
         time.sleep(0.5)
     out = {"prod": outcome(p, max(0.1, due - time.monotonic()))}
     o.stop()
     out["opp"] = outcome(o, 120)
     jobs = {"prod": p, "opp": o}
     span = together(list(jobs.values()), SETTLE)
+    if tw:
+        tw.stop()
+        out["twin"] = outcome(tw, 120)
+        jobs["twin"] = tw
     for k, j in jobs.items():
-        out[k]["rate"] = j.rate_between(*span) if span else None
+        out[k]["rate"] = rate_over(j, span)
     after = lab.snapshot()
-    inside = [snap for t, snap in marks if span and span[0] <= t <= span[1]]
+    within = [(snap, cpu) for t, snap, cpu in marks if span and span[0] <= t <= span[1]]
+    inside = [snap for snap, _ in within]
+    if len(within) >= 2:
+        out["host_cpu"] = within[0][1].share(within[-1][1])
     if after is not None:
         ctx = sim.contexts(after)
         bus, busy = ((sim.between(inside[0], inside[-1], field) if len(inside) >= 2 else {})
@@ -109,6 +128,13 @@ def together(jobs: list[Job], settle: float) -> tuple[float, float] | None:
     return start + settle * (end - start), end
 
 
+def rate_over(j: Job, span: tuple[float, float] | None) -> float | None:
+    """A job's iterations per second over `span` (`together`); None where there is no span,
+    or the job did not report through it (a twin whose run ended first)."""
+    rate = j.rate_between(*span) if span else math.nan
+    return None if math.isnan(rate) else rate
+
+
 def failed(r: dict) -> bool:
     return r["rc"] != 0 or r["checksum_ok"] is not True
 
@@ -136,12 +162,15 @@ def summarise(res: dict) -> tuple[list[list[str]], dict]:
              "opportunistic_ratio": ratio(r["opp"]["rate"], ex["opp"]["rate"]),
              "failed": [k for k in ("prod", "opp") if failed(r[k])],
              "pages_moved": {k: (r[k].get("pages_in") or 0) + (r[k].get("pages_out") or 0) for k in ("prod", "opp")},
-             "opportunistic_bus_share": r["opp"].get("bus_share")}
+             "opportunistic_bus_share": r["opp"].get("bus_share"),
+             "twin_ratio": ratio(r.get("twin", {}).get("rate"), ex["prod"]["rate"]),
+             "host_cpu": r.get("host_cpu")}
         summary[name] = s
         failures = ", ".join(k + (" (hung)" if r[k]["rc"] is None else "") for k in s["failed"]) or "none"
         rows.append([name, shown(s["production_ratio"]), shown(s["opportunistic_ratio"]), failures,
                      str(s["pages_moved"]["prod"]), str(s["pages_moved"]["opp"]),
-                     shown(s["opportunistic_bus_share"], 2)])
+                     shown(s["opportunistic_bus_share"], 2), shown(s["twin_ratio"]),
+                     HostCpu.in_words(s["host_cpu"] or {})])
     co = res.get("co-execution")
     if co and "TGS" in res and co["opp"]["rate"] and res["TGS"]["opp"]["rate"] is not None:
         summary["TGS"]["opportunistic_vs_co_execution"] = round(res["TGS"]["opp"]["rate"] / co["opp"]["rate"], 1)
@@ -156,25 +185,26 @@ def run(echo: Echo = print, quick: bool = False, json_path: Path | None = None) 
     real = lab.real
     gpu = lab.gpu_label
     prod, opp = shapes(real, seconds)
-    with lab:
-        echo(f"oversubscription on {gpu}: exclusive runs")
-        for k, w in (("prod", prod), ("opp", opp)):
-            j = lab.run(w, f"excl-{k}")
-            res.setdefault("exclusive", {})[k] = {**outcome(j, seconds + 120),
-                                                  "rate": j.rate(*window) if j.reports else 0.0}
-        echo(f"  exclusive: production {res['exclusive']['prod']['rate']:.1f} it/s, "
-             f"opportunistic {res['exclusive']['opp']['rate']:.1f} it/s")
-        if not real:
-            res["co-execution"] = pair(lab, replace(prod, managed=True),
-                                       replace(opp, managed=True), "co", (None, None))
-            echo(f"  co-execution (plain managed memory): {brief(res['co-execution'])}")
     settings = ([("TGS", {"memory": {"budget": "20G"}})] if real
                 else [("advice only", {"memory": {"orders": False}}), ("TGS", {})])
-    for name, cfg in settings:
-        with Lab(memory=SIM_MEMORY, tgsd=cfg) as lab:
-            containers = (lab.container("production"), lab.container("opportunistic"))
-            res[name] = pair(lab, prod, opp, name.split()[0], containers)
-            echo(f"  {name}: {brief(res[name])}")
+    with twin_gpu() as twin:  # production's twin alone beside each pair
+        with lab:
+            echo(f"oversubscription on {gpu}: exclusive runs")
+            for k, w in (("prod", prod), ("opp", opp)):
+                j = lab.run(w, f"excl-{k}")
+                res.setdefault("exclusive", {})[k] = {**outcome(j, seconds + 120),
+                                                      "rate": j.rate(*window) if j.reports else 0.0}
+            echo(f"  exclusive: production {res['exclusive']['prod']['rate']:.1f} it/s, "
+                 f"opportunistic {res['exclusive']['opp']['rate']:.1f} it/s")
+            if not real:
+                res["co-execution"] = pair(lab, replace(prod, managed=True),
+                                           replace(opp, managed=True), "co", (None, None), twin, prod)
+                echo(f"  co-execution (plain managed memory): {brief(res['co-execution'])}")
+        for name, cfg in settings:
+            with Lab(memory=SIM_MEMORY, tgsd=cfg) as lab:
+                containers = (lab.container("production"), lab.container("opportunistic"))
+                res[name] = pair(lab, prod, opp, name.split()[0], containers, twin)
+                echo(f"  {name}: {brief(res[name])}")
     rows, summary = summarise(res)
     result = {"benchmark": "oversubscription", "simulated": not real, "machine": machine(gpu), "quick": quick,
               "memory": "20G tgsd budget" if real else f"{SIM_MEMORY} simulated GPU",
@@ -184,7 +214,8 @@ def run(echo: Echo = print, quick: bool = False, json_path: Path | None = None) 
     md = (f"### oversubscription: both jobs hold 60 % of {result['memory']} ({gpu}, {result['machine']['date']}, "
           f"commit {result['machine']['commit']})\n\n"
           + table(["setting", "production / exclusive", "opportunistic / exclusive", "failed",
-                   "production pages moved", "opportunistic pages moved", "opportunistic on the bus"], rows)
+                   "production pages moved", "opportunistic pages moved", "opportunistic on the bus",
+                   "production's twin alone / exclusive", "host CPUs busy / stolen"], rows)
           + ("" if vs is None else f"\n\nTGS opportunistic throughput: {vs}x co-execution's.")
           + "".join(f"\n\n{name}: the two jobs never iterated together, so there is no rate to compare ('-')."
                     for name, r in res.items() if name != "exclusive" and r["prod"]["rate"] is None)
@@ -196,11 +227,16 @@ def run(echo: Echo = print, quick: bool = False, json_path: Path | None = None) 
           "Rates: while both jobs iterated, less the first 30 % of that time. "
           "On the bus: the share of the opportunistic job's engine time in that window that its "
           "kernels spent moving or reading its memory over the bus (simgpu's accounting; '-' on a real GPU). "
+          "Production's twin alone (simgpu only): the production job as the exclusive run had it, started at the "
+          "same moment on a second simulated GPU with nothing beside it, no shim and no tgsd, measured over the "
+          "same window: where it reads low too, the machine slowed production, not the work beside it. "
+          "Host CPUs (simgpu only): the part of all the machine's CPU time in that window that was busy, and that "
+          "its hypervisor gave to other guests. "
           "Targets: production >= 0.95, opportunistic >= 10x co-execution's.")
     Outputs("oversubscription", json_path).write(result, md, echo)
     return result
 
 
 def brief(r: dict) -> str:
-    return ", ".join(f"{k} {'-' if v['rate'] is None else format(v['rate'], '.1f')} it/s"
-                     f"{' FAILED' if failed(v) else ''}" for k, v in r.items())
+    return ", ".join(f"{k} {'-' if r[k]['rate'] is None else format(r[k]['rate'], '.1f')} it/s"
+                     f"{' FAILED' if failed(r[k]) else ''}" for k in ("prod", "opp", "twin") if k in r)

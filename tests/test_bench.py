@@ -477,8 +477,12 @@ def test_oversubscription_s_multiple_of_co_execution_comes_from_the_rates_not_th
 
     res = {"exclusive": ran(157.9, 463.9), "co-execution": ran(26.1, 1.59), "TGS": ran(153.4, 7.83)}
     res["TGS"]["opp"]["bus_share"] = 0.9126
+    res["TGS"]["twin"] = {"rate": 150.1, "rc": 0, "checksum_ok": True}
+    res["TGS"]["host_cpu"] = {"busy": 0.071, "stolen": 0.078}
     rows, summary = summarise(res)
     assert [r[6] for r in rows] == ["-", "0.91"] and summary["TGS"]["opportunistic_bus_share"] == 0.9126
+    # production's twin alone against the same exclusive run: the machine's share of a fall
+    assert [r[7:] for r in rows] == [["-", "-"], ["0.951", "0.07 / 0.08"]] and summary["TGS"]["twin_ratio"] == 0.951
     assert summary["TGS"]["opportunistic_vs_co_execution"] == 4.9
     assert [r[2] for r in rows] == ["0.003", "0.017"]
     assert summary["co-execution"]["failed"] == [] and rows[0][3] == "none"
@@ -489,7 +493,7 @@ def test_oversubscription_takes_both_jobs_rates_while_both_ran():
     first, ends first: on each job's own clock the window took in production alone at full
     speed (co-execution read 11.2 it/s for a production job making 1.6 beside the other).
     The rates come from the time both iterated, less its settling part."""
-    from bench.oversubscription import together
+    from bench.oversubscription import rate_over, together
 
     # opportunistic: 400 it/s alone until 3 s, 1.6 it/s while production iterates (4-16 s), ends at 16 s
     opp = job_with([(0.5 * k, 200 * k) for k in range(1, 7)]
@@ -502,6 +506,10 @@ def test_oversubscription_takes_both_jobs_rates_while_both_ran():
     assert prod.rate_between(*span) == pytest.approx(1.6, abs=0.1)
     assert opp.rate_between(*span) == pytest.approx(1.6, abs=0.1)
     assert together([prod, job_with([(20.0, 5), (21.0, 10)])], 0.3) is None, "they never iterated together"
+    # production's twin alone, its run over before the window's end: no rate, not one of part of it
+    assert rate_over(job_with([(2.0 + 0.5 * k, 75 * k) for k in range(1, 20)]), span) is None
+    assert rate_over(job_with([(2.0 + 0.5 * k, 75 * k) for k in range(1, 40)]), span) == pytest.approx(150)
+    assert rate_over(prod, None) is None
 
 
 def test_oversubscription_without_time_together_shows_no_rate_not_zero():

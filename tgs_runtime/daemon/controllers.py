@@ -1364,7 +1364,7 @@ class FastController:
             if verdict.move is Move.TRIED:
                 self._change(t, f"production holds: in-flight bound {self.bound.kernels} tried")
                 return
-            if verdict.move is Move.BACK:
+            if verdict.move in (Move.BACK, Move.LONGER):  # (LONGER: the second reading starts now)
                 self._change(t, verdict.why)
                 return
         overdue = t - self.profiled_at - self.reprofile_after

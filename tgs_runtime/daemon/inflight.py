@@ -58,11 +58,12 @@ class Move(enum.Enum):
     NONE = "none"      # nothing: the bound stays
     TRIED = "tried"    # a trial started (a deeper bound, or the one held, again)
     BACK = "back"      # a deeper trial cost opportunistic work its progress: back to the bound held
+    LONGER = "longer"  # a deeper trial's gain is too close to DEEPER_GAIN to tell: it goes on DEEPEN_S more
 
 
 @dataclass(frozen=True)
 class Verdict:
-    """`InflightBound.holds`'s answer: what it did, and why in words where it went back."""
+    """`InflightBound.holds`'s answer: what it did, and why in words where it went back or goes on longer."""
     move: Move
     why: str = ""
 
@@ -162,7 +163,10 @@ class InflightBound:
             if self.deeper and self.first is None and \
                     (1 + DEEPER_GAIN / 2) * self.before <= opportunistic < (1 + DEEPER_GAIN) * self.before:
                 self.first = opportunistic  # a gain, too small to tell from the noise: judged again DEEPEN_S on
-                return Verdict(Move.NONE)
+                return Verdict(Move.LONGER, f"production holds: opportunistic work at {opportunistic:,.0f} blocks/s "
+                                            f"under in-flight bound {self.kernels}, {self.before:,.0f} under "
+                                            f"{self.held}: too close to the {DEEPER_GAIN:.0%} gain a deeper bound "
+                                            f"needs to tell, tried {DEEPEN_S:g} s more")
             twice = ""
             if self.deeper and self.first is not None:
                 opportunistic, twice = (self.first + opportunistic) / 2, f" (two readings {DEEPEN_S:g} s apart)"

@@ -912,7 +912,10 @@ def test_a_job_with_host_work_between_launches_gets_the_idle_time_once_the_bound
     CI: the bound at two, then at one, by 16 s; and the job at 0.429 of the engine, likely
     a window that the jobs' end cut short. The window is one without a profile: in one CI
     run the bound reached eight 60 s in, and the periodic profile then (opportunistic work
-    gated for 0.9 s) left the job 0.339 of the engine."""
+    gated for 0.9 s) left the job 0.339 of the engine. In another (at a057f34) a trial of
+    four read a loss, the next met harm read at 0.968 of solo (the bound to one and a rate
+    cut, 27 s in), eight came 58 s in and the periodic profile at 60 s: no window at eight
+    within 60 s. The wait is 80 s."""
     d = tgsd()
     prod, opp = d.register("production"), d.register("opportunistic")
     host = Workload(kernel_us=100, kernels=100, host_us=3000, seconds=90, report_s=0.5)
@@ -920,11 +923,11 @@ def test_a_job_with_host_work_between_launches_gets_the_idle_time_once_the_bound
                         prod.env(libshim.shim))
     o = simgpu.workload(host, "opp", opp.env(libshim.shim))
     simgpu.wait_for_contexts(["prod", "opp"])
-    w = d.quiet_window(3, within_s=60, bound=8)
+    w = d.quiet_window(3, within_s=80, bound=8)
     p.kill()
     o.kill()
     bounds = sorted({g["controller"]["inflight_max"] for g in w.samples})
-    assert w.quiet, f"no 3 s under an in-flight bound of eight in 60 s{w.caveat} (the last: bounds {bounds})"
+    assert w.quiet, f"no 3 s under an in-flight bound of eight in 80 s{w.caveat} (the last: bounds {bounds})"
     shared = {label: busy_s / w.seconds for label, busy_s in sim.busy_between(w.before, w.after).items()}
     assert shared["prod"] >= 0.45, f"production kept the engine {shared['prod']:.3f} of the time"
     # production 0.484-0.492 here, the job 0.463-0.482; the job about 0.40 with the bound held at two

@@ -11,7 +11,7 @@ touches are checked at the end). Settings, side by side in one run:
 Figures: throughput of each / its exclusive, pages moved, and whether anything failed;
 on simgpu, a twin of the production job alone on a second simulated GPU, started at the
 same moment and measured over the same window (a control for the machine: production
-alone moved by up to 5 % from run to run on a 2-core VM, and the exclusive runs are
+alone moved by up to 8 % from run to run on a 2-core VM, and the exclusive runs are
 taken once, before the others), and the host's CPUs over that window.
 Targets: production >= 0.95 with TGS; opportunistic >= 10x co-execution's where
 co-execution thrashes.

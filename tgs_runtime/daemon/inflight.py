@@ -158,21 +158,18 @@ class InflightBound:
         the bound last held, once a bound lowered to one has waited long enough; or twice
         as deep as the bound held for DEEPEN_S)."""
         if self.trying_since is not None:
-            if t - self.trying_since < (DEEPEN_S * (1 if self.first is None else 2) if self.deeper else TRY_S):
+            if t - self.trying_since < self._trial_s:
                 return Verdict(Move.NONE)
             if self.deeper and self.first is None and \
                     (1 + DEEPER_GAIN / 2) * self.before <= opportunistic < (1 + DEEPER_GAIN) * self.before:
                 self.first = opportunistic  # a gain, too small to tell from the noise: judged again DEEPEN_S on
-                return Verdict(Move.LONGER, f"production holds: opportunistic work at {opportunistic:,.0f} blocks/s "
-                                            f"under in-flight bound {self.kernels}, {self.before:,.0f} under "
-                                            f"{self.held}: too close to the {DEEPER_GAIN:.0%} gain a deeper bound "
-                                            f"needs to tell, tried {DEEPEN_S:g} s more")
+                return Verdict(Move.LONGER, f"production holds: {self._against(opportunistic)}: too close to the "
+                                            f"{DEEPER_GAIN:.0%} gain a deeper bound needs to tell, tried {DEEPEN_S:g} s more")
             twice = ""
-            if self.deeper and self.first is not None:
+            if self.first is not None:  # (a deeper trial's)
                 opportunistic, twice = (self.first + opportunistic) / 2, f" (two readings {DEEPEN_S:g} s apart)"
             if self.deeper and opportunistic < (1 + DEEPER_GAIN) * self.before:
-                why = (f"opportunistic work at {opportunistic:,.0f} blocks/s under in-flight bound {self.kernels}{twice}, "
-                       f"{self.before:,.0f} under {self.held}: back to {self.held}")
+                why = f"{self._against(opportunistic, twice)}: back to {self.held}"
                 self._fail_deeper(t)
                 return Verdict(Move.BACK, why)
             if self.deeper:
@@ -193,6 +190,19 @@ class InflightBound:
             self._set(t, min(2 * self.kernels, self.deepest), trial=True)
             return Verdict(Move.TRIED)
         return Verdict(Move.NONE)
+
+    @property
+    def _trial_s(self) -> float:
+        """How long the trial under way lasts before it is judged: TRY_S, a deeper one
+        DEEPEN_S, or twice that where its first reading was too close to tell (`first`)."""
+        if not self.deeper:
+            return TRY_S
+        return DEEPEN_S if self.first is None else 2 * DEEPEN_S
+
+    def _against(self, opportunistic: float, how: str = "") -> str:
+        """A deeper trial's reading against the bound held, for the decision log."""
+        return (f"opportunistic work at {opportunistic:,.0f} blocks/s under in-flight bound {self.kernels}{how}, "
+                f"{self.before:,.0f} under {self.held}")
 
     def _fail_deeper(self, t: float) -> None:
         """A deeper trial failed (harm, or opportunistic work gained too little by it): back

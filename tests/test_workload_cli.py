@@ -137,6 +137,7 @@ def test_host_work_mid_iteration_overlaps_the_kernels_queued_before_it(simgpu):
     (["--host-us", "100", "--host-sync-s", "2"], "--host-sync-s without --host-sync"),
     (["--stall-us", "300000"], "--stall-us 300000 without --stall-every: give both"),
     (["--stall-every", "25"], "--stall-every 25 without --stall-us: give both"),
+    (["--stall-inside"], "--stall-inside without --stall-us and --stall-every: give the stalls it moves"),
     (["--phase-s", "5"], "--phase-s 5 without --phase-kernels or --phase-gap-us: give what changes then"),
     (["--phase-kernels", "3"], "--phase-kernels without --phase-s: give how far into the run"),
     (["--phase-gap-us", "0"], "--phase-gap-us without --phase-s: give how far into the run"),

@@ -34,6 +34,7 @@ class Workload:
     host_sync_s: float = 0          # ... only for this long into the run (0: throughout)
     stall_us: float = 0             # more CPU time after every stall_every-th iteration (a data loader's stall)
     stall_every: int = 0
+    stall_inside: bool = False      # ... each with the host work inside its iteration instead (a collector's pause)
     phase_s: float = 0              # from this far into the run ...
     phase_kernels: int = 0          # ... this many kernels per iteration (its own load moving within one process)
     phase_gap_us: float | None = None  # ... and/or this gap (None: gap_us throughout)
@@ -89,6 +90,8 @@ class Workload:
             out += ["--host-sync-s", f"{self.host_sync_s:g}"]
         if self.stall_every or self.stall_us:  # one without the other: the workload says what is missing
             out += ["--stall-us", f"{self.stall_us:g}", "--stall-every", str(self.stall_every)]
+        if self.stall_inside:  # (without the stalls the workload says what is missing)
+            out.append("--stall-inside")
         if self.phase_s:  # (without what changes then, or without this, the workload says what is missing)
             out += ["--phase-s", f"{self.phase_s:g}"]
         if self.phase_kernels:

@@ -68,7 +68,8 @@ static struct {
     long phase_kernels; /* ... this many kernels per iteration (0: --kernels throughout) */
     double phase_gap_us; /* ... and this much CPU time between iterations (-1: --gap-us throughout) */
     double gap_spread;   /* each gap drawn within gap * (1 +- this) */
-} opt = {1000, 0, 10, 1, -1, 10, 16, 16, 0, 0, 0, 0, 0, 0, -1, 1, 0, 0, 0, 0, 0, 0, 0, -1, 0};
+    int stall_inside;    /* each stall with the host work inside its iteration instead (a collector's pause) */
+} opt = {1000, 0, 10, 1, -1, 10, 16, 16, 0, 0, 0, 0, 0, 0, -1, 1, 0, 0, 0, 0, 0, 0, 0, -1, 0, 0};
 
 static double now_s(void) {
     struct timespec ts;
@@ -171,6 +172,10 @@ static void usage(FILE *f) {
             "  --stall-us US    more CPU time after every --stall-every-th iteration: a pause of the job's\n"
             "                   own, as a data loader's stall (the thread sleeps; default 0)\n"
             "  --stall-every N  (default 0: no stalls; give both or neither)\n"
+            "  --stall-inside   each stall inside its iteration instead, with the host work after the\n"
+            "                   first half of its kernels (after the synchronisation of --host-sync: the\n"
+            "                   GPU idles through it), as a garbage collector's pause mid-step (needs\n"
+            "                   --stall-us and --stall-every)\n"
             "  --phase-s S      from S seconds into the run, --phase-kernels K kernels per iteration: the\n"
             "  --phase-kernels K  same process's load moving, with no idle moment and no process starting\n"
             "                   or ending to tell (not with --verify)\n"
@@ -223,7 +228,7 @@ static void parse(int argc, char **argv) {
         {"long-us", 1, 0, 'U'},   {"shapes", 1, 0, 'S'},    {"host-us", 1, 0, 'H'},   {"stall-us", 1, 0, 'T'},
         {"stall-every", 1, 0, 'E'}, {"phase-s", 1, 0, 'A'}, {"phase-kernels", 1, 0, 'B'}, {"host-sync", 0, 0, 'Y'},
         {"host-sync-s", 1, 0, 'Z'}, {"phase-gap-us", 1, 0, 'G'}, {"gap-spread", 1, 0, 'F'},
-        {0, 0, 0, 0}};
+        {"stall-inside", 0, 0, 'I'}, {0, 0, 0, 0}};
     int c;
     while ((c = getopt_long(argc, argv, "h", longs, NULL)) != -1) {
         switch (c) {
@@ -248,6 +253,7 @@ static void parse(int argc, char **argv) {
         case 'G': opt.phase_gap_us = parse_num("--phase-gap-us", optarg, 0, 60e6); break;
         case 'F': opt.gap_spread = parse_num("--gap-spread", optarg, 0, 0.99); break;
         case 'Y': opt.host_sync = 1; break;
+        case 'I': opt.stall_inside = 1; break;
         case 'Z': opt.host_sync_s = parse_num("--host-sync-s", optarg, 0, 1e7); break;
         case 'v': opt.verify = 1; break;
         case 'm': opt.managed = 1; break;
@@ -302,6 +308,11 @@ static void parse(int argc, char **argv) {
     }
     give_both("--stall-us", opt.stall_us, "--stall-us US: how long each stall is", "--stall-every",
               (double)opt.stall_every, "--stall-every N: a stall after every N-th iteration");
+    if (opt.stall_inside && !opt.stall_every) {
+        fprintf(stderr, "tgs-workload: --stall-inside without --stall-us and --stall-every: give the stalls it "
+                        "moves\n");
+        exit(2);
+    }
     if (opt.long_us < 0)
         opt.long_us = opt.kernel_us;
     if (opt.warmup_s < 0)
@@ -492,13 +503,15 @@ int main(int argc, char **argv) {
                 if (opt.host_sync && (!opt.host_sync_s || t - start < opt.host_sync_s))
                     CHECK(cu.CtxSynchronize(), "cuCtxSynchronize");
                 sleep_us(opt.host_us);
+                if (opt.stall_inside && (it + 1) % (uint64_t)opt.stall_every == 0)
+                    sleep_us(opt.stall_us);
             }
         }
         CHECK(cu.CtxSynchronize(), "cuCtxSynchronize");
         it++;
         kernels += K;
         sleep_us(opt.gap_spread ? gap_us * (1 + opt.gap_spread * (2 * draw() - 1)) : gap_us);
-        if (opt.stall_every && it % (uint64_t)opt.stall_every == 0)
+        if (opt.stall_every && !opt.stall_inside && it % (uint64_t)opt.stall_every == 0)
             sleep_us(opt.stall_us);
         t = now_s();
         if (warm_t < 0 && t - start >= opt.warmup_s) {

@@ -553,6 +553,34 @@ def test_a_job_whose_spells_between_steps_shorten_is_expected_by_its_new_ones(si
         f"{len(marks)} marks in 2.5 s of 70 ms steps, at {[m.blocks / step for m in marks]} steps"
 
 
+def test_a_job_that_stalls_inside_a_step_goes_on_knowing_its_steps(simgpu, container, libshim):
+    """The job of the tests above, 50 ms on its host between steps, stalls 30 ms inside
+    every fifth step, once half its kernels are queued and the GPU has caught up (a
+    garbage collector's pause; a CI run on 2 cores met the like once, its host thread
+    held back mid-step). A spell that comes before a step's work is done is one inside it,
+    however long: the job marks no iteration there, goes on knowing its steps, and counts
+    the stall a pause of its own. Taken for a spell between steps, the stall marked an
+    iteration 0.6 of the way into the step, and the odd step (3 kernels, then 2) made the
+    job forget its steps and mark every spell, the 0.3 ms ones inside too, until three
+    whole steps came in a row, which here they never did."""
+    prod = container(proto.Class.PRODUCTION, "prod")
+    job = Workload(kernel_us=10_000, kernels=5, gap_us=50_000, seconds=8, report_s=1, host_us=300, host_sync=True,
+                   stall_us=30_000, stall_every=5, stall_inside=True)
+    p = simgpu.workload(job, "prod", prod.env(libshim.shim))
+    simgpu.wait_for_contexts(["prod"])
+    time.sleep(2.0)  # its steps learnt in its first four
+    marks = iteration_marks(prod.control, 4.0)
+    assert p.wait() == 0, p.stderr
+    step = job.kernels * BLOCKS
+    assert len(marks) >= 20 and all(m.blocks % step == 0 for m in marks), \
+        f"{len(marks)} marks in 4 s of 0.1 s steps, at {[m.blocks / step for m in marks]} steps"
+    (b0, p0), (b1, p1) = (marks[0].blocks // step, marks[0].paused_ns), (marks[-1].blocks // step, marks[-1].paused_ns)
+    stalls = sum(1 for k in range(b0 + 1, b1 + 1) if k % job.stall_every == 0)
+    paused = (p1 - p0) / 1e9
+    assert stalls >= 4 and 0.024 * stalls <= paused <= 0.06 * stalls, \
+        f"{paused:.3f} s counted as pauses over {stalls} stalls of 30 ms inside a step"
+
+
 def test_production_counts_its_own_pauses_for_tgsd_to_leave_out(simgpu, container, libshim):
     """An idle spell far longer than the gaps between production's iterations (a data
     loader's stall) is a pause of the job's own: its shim counts the part beyond twice the

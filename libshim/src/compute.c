@@ -95,22 +95,37 @@ static uint64_t production_blocks(struct tgs_gpu *g) {
     return g->ctr ? __atomic_load_n(&g->ctr->blocks, __ATOMIC_RELAXED) : 0;
 }
 
+/* Whether `blocks` is the work of a step of `work` (within 1/64, as steps that do the
+ * same work are). */
+static int same_work(uint64_t blocks, uint64_t work) {
+    return blocks + work / 64 >= work && blocks <= work + work / 64;
+}
+
 /* Whether the last TGS_STEPS steps did the same work: then it is step_work, and the
- * spells after them are expected between steps. */
+ * spells after them are expected between steps. A job that knows its steps goes on
+ * knowing them while one of the last did their work: an odd step (a long spell inside,
+ * a stall held back mid-step, counted where its work was not done yet) is forgotten, not
+ * its steps. */
 static void steps_known(struct tgs_gpu *g) {
-    g->step_work = 0;
-    if (g->nsteps < TGS_STEPS)
+    if (g->nsteps < TGS_STEPS) {
+        g->step_work = 0;
         return;
+    }
     uint64_t lo = UINT64_MAX, hi = 0, spell_lo = UINT64_MAX, spell_hi = 0;
+    int kept = 0;
     for (unsigned i = 0; i < TGS_STEPS; i++) {
         const struct tgs_step *st = &g->steps[i];
         lo = st->blocks < lo ? st->blocks : lo;
         hi = st->blocks > hi ? st->blocks : hi;
         spell_lo = st->spell_ns < spell_lo ? st->spell_ns : spell_lo;
         spell_hi = st->spell_ns > spell_hi ? st->spell_ns : spell_hi;
+        kept |= g->step_work && same_work(st->blocks, g->step_work);
     }
-    if (!lo || hi - lo > lo / 64)
+    if (!lo || hi - lo > lo / 64) {
+        if (!kept)
+            g->step_work = 0;
         return;
+    }
     int news = tgs_log_level >= TGS_LOG_DEBUG &&
                (lo != g->logged_step_work || moved_from_logged(spell_lo, g->logged_step_spell));
     g->step_work = lo;
@@ -124,16 +139,25 @@ static void steps_known(struct tgs_gpu *g) {
     }
 }
 
+/* Whether, where the job knows its steps, the one under way has done a step's work
+ * (`blocks`: production's so far). */
+static int step_done(const struct tgs_gpu *g, uint64_t blocks) {
+    return blocks - g->step_blocks + g->step_work / 64 >= g->step_work;
+}
+
 /* A spell of `spell` ns from `idle` to the launch at `now` ended, `blocks` launched before
  * it: whether it came between two steps (then the next starts now). Once the job knows its
- * steps, a spell at least a quarter of the shortest between them is one (its spells inside
- * may stop: a ResNet-50's did after 20 s on an H200, and its 2 s spells were then the
- * shortest); a job that does two steps' work without one knows its steps no more. */
+ * steps, a spell at least a quarter of the shortest between them is one where the step's
+ * work is done (its spells inside may stop: a ResNet-50's did after 20 s on an H200, and
+ * its 2 s spells were then the shortest), and any spell before that is one inside, however
+ * long (a collector's pause, a host thread held back); a job that does two steps' work
+ * without a spell between them knows its steps no more. */
 static int spell_between_steps(struct tgs_gpu *g, uint64_t spell, uint64_t idle, uint64_t now, uint64_t blocks) {
     uint64_t shortest = g->usual_gap_ns / 2, longest;
     if (!shortest) /* its first spells, before it expects any */
         shortest = gaps_range(g, &longest);
-    int between = g->step_work ? 4 * spell >= g->step_spell_lo : shortest && spell >= TGS_STEP_SPELL * shortest;
+    int between = g->step_work ? step_done(g, blocks) && 4 * spell >= g->step_spell_lo
+                               : shortest && spell >= TGS_STEP_SPELL * shortest;
     if (!between) {
         g->step_inside_ns += spell;
         if (g->step_work && blocks - g->step_blocks > 2 * g->step_work) {
@@ -210,7 +234,7 @@ static void expect_next(struct tgs_gpu *g, uint64_t now) {
         g->logged_gap = lo;
     }
     uint64_t later = 0; /* inside a step: the spell after it (0: none known) */
-    if (g->step_work && production_blocks(g) - g->step_blocks >= g->step_work) {
+    if (g->step_work && step_done(g, production_blocks(g))) {
         lo = g->step_spell_lo;
         hi = g->step_spell_hi;
     } else if (g->step_work) {

@@ -13,8 +13,9 @@ import pytest
 
 from tgs_runtime.config import ControlConfig, Controller, Share
 from tgs_runtime.daemon import inflight, residency, stall
-from tgs_runtime.daemon.controllers import (UNLIMITED, Claimant, FastController, Mark, Overlap, PaperController,
-                                            Sample, ShareState, Window, make_controller, split, take_turns)
+from tgs_runtime.daemon.controllers import (UNLIMITED, FastController, Mark, Overlap, PaperController, Sample,
+                                            Window, make_controller)
+from tgs_runtime.daemon.sharing import Claimant, ShareState, split, take_turns
 
 from bench.rig import DT, SOLO, TOLERANCE, Noisy, Rhythm, Rig, run_case, settled, stalls
 

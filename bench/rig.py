@@ -42,7 +42,8 @@ from typing import Callable
 
 from bench.common import Echo, Outputs, machine, table
 from tgs_runtime.config import ControlConfig
-from tgs_runtime.daemon.controllers import UNLIMITED, FastController, Mark, Overlap, Sample
+from tgs_runtime.daemon.controllers import UNLIMITED, FastController
+from tgs_runtime.daemon.window import Mark, Overlap, Sample
 
 DT = 0.1
 GAPS_TO_EXPECT = 3  # production's shim expects its spells once it has seen this many (libshim's TGS_GAPS_TO_EXPECT)

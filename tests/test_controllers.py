@@ -13,9 +13,9 @@ import pytest
 
 from tgs_runtime.config import ControlConfig, Controller, Share
 from tgs_runtime.daemon import inflight, residency, stall
-from tgs_runtime.daemon.controllers import (UNLIMITED, FastController, Mark, Overlap, PaperController, Sample,
-                                            Window, make_controller)
+from tgs_runtime.daemon.controllers import UNLIMITED, FastController, PaperController, make_controller
 from tgs_runtime.daemon.sharing import Claimant, ShareState, split, take_turns
+from tgs_runtime.daemon.window import Mark, Overlap, Sample, Window
 
 from bench.rig import DT, SOLO, TOLERANCE, Noisy, Rhythm, Rig, run_case, settled, stalls
 

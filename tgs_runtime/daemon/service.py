@@ -21,11 +21,12 @@ from tgs_runtime import __version__, config as configmod, framing, proto
 from tgs_runtime.config import Config, ConfigError, Controller
 from tgs_runtime.control import ActivityFile, ControlBlock, ControlFileError, StatePaths
 from tgs_runtime.daemon import residency
-from tgs_runtime.daemon.controllers import UNLIMITED, Mark, Overlap, Sample, make_controller
+from tgs_runtime.daemon.controllers import UNLIMITED, make_controller
 from tgs_runtime.daemon.gpus import Gpu, GpuError, GpuInventory
 from tgs_runtime.daemon.registry import Container, Phase, Process, Tally, load_registration, process_start_time
 from tgs_runtime.daemon.sharing import Claimant, ShareState, Turn, split, take_turns
 from tgs_runtime.daemon.stall import HeldGate
+from tgs_runtime.daemon.window import Mark, Overlap, Sample
 from tgs_runtime.logs import RepeatLimiter, get as get_logger
 from tgs_runtime.runtime import create as createmod
 

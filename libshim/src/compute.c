@@ -60,7 +60,7 @@ static volatile struct tgs_expectation *own_expectation(struct tgs_gpu *g, uint3
  * H200 had a data loader keep it on its host 2 s a step. Taken for its gaps, such spells
  * made the rhythm 1 ms, each 2 s spell a pause, and each return one from idle. A spell at
  * least TGS_STEP_SPELL times the shortest of its gaps may end a step; where the last
- * TGS_STEPS such steps did the same work (their blocks within 1/64) and each was busy at
+ * TGS_STEPS such steps did the same work (their blocks within 1/TGS_STEP_SAME) and each was busy at
  * least TGS_STEP_INSIDE times its spells inside, the job knows its steps (spell_between_steps
  * says how long it goes on knowing them): a spell that
  * starts once a step's work is done is expected as long as those between steps, the
@@ -95,10 +95,12 @@ static uint64_t production_blocks(struct tgs_gpu *g) {
     return g->ctr ? __atomic_load_n(&g->ctr->blocks, __ATOMIC_RELAXED) : 0;
 }
 
-/* Whether `blocks` is the work of a step of `work` (within 1/64, as steps that do the
- * same work are). */
+/* Whether `blocks` reaches a step's `work` (work_reached) or is that work (same_work),
+ * within 1/TGS_STEP_SAME of it, as steps that do the same work are. */
+static int work_reached(uint64_t blocks, uint64_t work) { return blocks + work / TGS_STEP_SAME >= work; }
+
 static int same_work(uint64_t blocks, uint64_t work) {
-    return blocks + work / 64 >= work && blocks <= work + work / 64;
+    return work_reached(blocks, work) && blocks <= work + work / TGS_STEP_SAME;
 }
 
 /* Whether the last TGS_STEPS steps did the same work: then it is step_work, and the
@@ -121,7 +123,7 @@ static void steps_known(struct tgs_gpu *g) {
         spell_hi = st->spell_ns > spell_hi ? st->spell_ns : spell_hi;
         kept |= g->step_work && same_work(st->blocks, g->step_work);
     }
-    if (!lo || hi - lo > lo / 64) {
+    if (!lo || hi - lo > lo / TGS_STEP_SAME) {
         if (!kept)
             g->step_work = 0;
         return;
@@ -142,7 +144,7 @@ static void steps_known(struct tgs_gpu *g) {
 /* Whether, where the job knows its steps, the one under way has done a step's work
  * (`blocks`: production's so far). */
 static int step_done(const struct tgs_gpu *g, uint64_t blocks) {
-    return blocks - g->step_blocks + g->step_work / 64 >= g->step_work;
+    return work_reached(blocks - g->step_blocks, g->step_work);
 }
 
 /* A spell of `spell` ns from `idle` to the launch at `now` ended, `blocks` launched before

@@ -79,6 +79,7 @@ struct tgs_stream_seen {
                           * of its returns taken for ones from idle, not eight (tgsd profiles each) */
 #define TGS_STEPS 3        /* production: the steps that must have done the same work for it to know its
                           * steps (compute.c, "Steps") ... */
+#define TGS_STEP_SAME 64   /* ... the same within 1/this of it ... */
 #define TGS_STEP_SPELL 16  /* ... each ended by a spell this many times the shortest of its gaps ... */
 #define TGS_STEP_INSIDE 2  /* ... and busy at least this many times its spells inside (a job of 10 ms
                           * gaps stalling every 25 iterations is busy about as long as those) */

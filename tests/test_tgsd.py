@@ -340,8 +340,12 @@ def test_behind_production_opportunistic_containers_take_turns(simgpu, tgsd, lib
     d = tgsd('[control]\nshare = "fair"\n')
     prod = d.register("production")
     opps = [d.register("opportunistic") for _ in range(3)]
-    p = simgpu.workload(HALF, "prod", prod.env(libshim.shim))
-    jobs = [simgpu.workload(HOG, f"opp{i}", o.env(libshim.shim)) for i, o in enumerate(opps)]
+    # the jobs outlive the wait and the windows: of 9 s, they ended inside a second window
+    # (the first held a profile), and without production all three launched at once (CI)
+    long = {"seconds": 30}
+    p = simgpu.workload(dataclasses.replace(HALF, **long), "prod", prod.env(libshim.shim))
+    jobs = [simgpu.workload(dataclasses.replace(HOG, **long), f"opp{i}", o.env(libshim.shim))
+            for i, o in enumerate(opps)]
     simgpu.wait_for_contexts(["prod", "opp0", "opp1", "opp2"])
     time.sleep(2)
     # 3 s without a profile: one that pauses opportunistic work for a second (a second after

@@ -71,6 +71,9 @@ static struct {
     int stall_inside;    /* each stall with the host work inside its iteration instead (a collector's pause) */
 } opt = {1000, 0, 10, 1, -1, 10, 16, 16, 0, 0, 0, 0, 0, 0, -1, 1, 0, 0, 0, 0, 0, 0, 0, -1, 0, 0};
 
+/* Whether iteration n (counted from 1) has a stall (--stall-us, --stall-every). */
+static int stalls(uint64_t n) { return opt.stall_every && n % (uint64_t)opt.stall_every == 0; }
+
 static double now_s(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
@@ -503,7 +506,7 @@ int main(int argc, char **argv) {
                 if (opt.host_sync && (!opt.host_sync_s || t - start < opt.host_sync_s))
                     CHECK(cu.CtxSynchronize(), "cuCtxSynchronize");
                 sleep_us(opt.host_us);
-                if (opt.stall_inside && (it + 1) % (uint64_t)opt.stall_every == 0)
+                if (opt.stall_inside && stalls(it + 1))
                     sleep_us(opt.stall_us);
             }
         }
@@ -511,7 +514,7 @@ int main(int argc, char **argv) {
         it++;
         kernels += K;
         sleep_us(opt.gap_spread ? gap_us * (1 + opt.gap_spread * (2 * draw() - 1)) : gap_us);
-        if (opt.stall_every && !opt.stall_inside && it % (uint64_t)opt.stall_every == 0)
+        if (!opt.stall_inside && stalls(it))
             sleep_us(opt.stall_us);
         t = now_s();
         if (warm_t < 0 && t - start >= opt.warmup_s) {

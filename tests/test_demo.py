@@ -128,7 +128,9 @@ def test_demo_says_why_it_cannot_use_docker(libshim, tmp_path):
     out = subprocess.run([sys.executable, "-m", "tgs_runtime", "demo", "--seconds", "2", "--via", "docker"],
                          cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=60)
     assert out.returncode == 1
-    assert f"cannot run the demo through docker: no docker daemon answers at unix://{tmp_path}/nothing.sock" in out.stderr
+    assert (f"cannot run the demo through docker: no docker daemon answers at unix://{tmp_path}/nothing.sock (no such "
+            "socket: docker is not running, or not installed): start docker (systemctl start docker)") in out.stderr, \
+        out.stderr
 
 
 def test_where_a_gpu_needs_docker_s_gpus_flag_the_demo_s_containers_ask_for_it(docker):

@@ -4,6 +4,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import socket
 import stat
 import subprocess
 import sys
@@ -329,13 +330,30 @@ def test_doctor_on_a_containerd_node_without_docker(tgsd, libshim, tmp_path, ver
     out = tgs("doctor", "--config", str(t.config), "--daemon-json", str(tmp_path / "none.json"),
               "--containerd-config", str(conf), env=env)
     assert "has no tgs runtime: docker is not set up for TGS, containerd is" in out.stdout, out.stdout
-    assert "docker is not reachable" not in out.stdout
+    assert "no docker daemon answers" not in out.stdout
     if problem is None:
         assert out.returncode == 0, out.stdout + out.stderr
         assert f"ok    {conf} has the tgs runtime handler where containerd reads it" in out.stdout
     else:
         assert out.returncode == 1 and f"FAIL  containerd's tgs runtime handler in {conf}: " in out.stdout
         assert problem in out.stdout, out.stdout
+
+
+def test_doctor_says_why_docker_does_not_answer(libshim, tmp_path):
+    """Where no dockerd answers, `tgs doctor` says where it looked and why not: a socket no
+    one listens on (a dockerd that died), no socket at all. It said only the SDK's
+    exception's name (DockerException) for either."""
+    dead = tmp_path / "dead.sock"
+    s = socket.socket(socket.AF_UNIX)
+    s.bind(str(dead))
+    s.close()  # the file stays, and nothing listens
+    for sock, why in ((dead, "connection refused: nothing listens there"),
+                      (tmp_path / "none.sock", "no such socket: docker is not running, or not installed")):
+        out = tgs("doctor", "--daemon-json", str(tmp_path / "none.json"),
+                  env={**os.environ, "DOCKER_HOST": f"unix://{sock}"})
+        assert out.returncode == 1
+        assert f"FAIL  no docker daemon answers at unix://{sock} ({why})" in out.stdout, out.stdout
+        assert "fix: start docker (systemctl start docker), or use containerd (tgs setup containerd)" in out.stdout
 
 
 def test_doctor_fails_when_no_lower_runtime_is_installed(libshim, tmp_path):

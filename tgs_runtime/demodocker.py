@@ -10,14 +10,13 @@ made from this machine's files (no registry is needed)."""
 from __future__ import annotations
 
 import hashlib
-import os
 import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from tgs_runtime import config as configmod
+from tgs_runtime import config as configmod, dockerd
 from tgs_runtime.admin import AdminClient, DaemonUnavailable, Refused
 from tgs_runtime.config import Config
 from tgs_runtime.paths import artifacts
@@ -55,14 +54,9 @@ def _runtime_config(runtime: dict) -> Path | None:
 def find(real_gpu: bool) -> tuple[DockerTgs | None, str]:
     """The docker way to run the TGS phase, or None and why not."""
     try:
-        import docker
-    except ImportError:
-        return None, "the docker SDK is not installed (pip install docker)"
-    try:
-        client = docker.from_env(timeout=10)
-        info = client.info()
-    except Exception:  # no socket, no permission, an old daemon: all mean "not here"
-        return None, f"no docker daemon answers at {os.environ.get('DOCKER_HOST') or 'unix:///var/run/docker.sock'}"
+        client, info = dockerd.connect(timeout=10)
+    except dockerd.Unreachable as e:
+        return None, f"{e}: {e.fix}"
     runtime = (info.get("Runtimes") or {}).get("tgs")
     if not runtime:
         return None, "dockerd has no tgs runtime (`tgs setup docker`, then `systemctl reload docker`)"

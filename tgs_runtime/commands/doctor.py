@@ -9,7 +9,7 @@ from pathlib import Path
 
 import click
 
-from tgs_runtime import config as configmod, containerd_config, install
+from tgs_runtime import config as configmod, containerd_config, dockerd, install
 from tgs_runtime.runtime import gpu_access
 
 
@@ -172,12 +172,9 @@ def check_containerd(r: Report, path: Path) -> bool | None:
 def check_dockerd(r: Report) -> dict | None:
     """Whether dockerd has loaded the tgs runtime; its `docker info`, None where it does not answer."""
     try:
-        import docker
-
-        info = docker.from_env(timeout=5).info()
-    except Exception as e:  # docker missing or not running: say so, it is not fatal to TGS
-        r.fail(f"docker is not reachable ({type(e).__name__})", "start docker, or use containerd "
-               "(tgs setup containerd)")
+        _, info = dockerd.connect(timeout=5)
+    except dockerd.Unreachable as e:  # docker missing or not running: say so, it is not fatal to TGS
+        r.fail(str(e), f"{e.fix}, or use containerd (tgs setup containerd)")
         return None
     if install.RUNTIME_NAME in info.get("Runtimes", {}):
         r.ok("dockerd has loaded the tgs runtime")

@@ -23,8 +23,8 @@ def host() -> str:
 
 
 def _root_cause(e: BaseException) -> BaseException:
-    """The innermost OSError under the SDK's wrappers (requests and urllib3 keep it in their
-    causes or their arguments), else `e`."""
+    """The OSError under the SDK's wrappers (requests and urllib3 keep it in their causes or
+    their arguments: one, from the socket), else `e`."""
     found: BaseException = e
     todo, seen = [e], set()
     while todo:

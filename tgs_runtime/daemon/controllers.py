@@ -632,11 +632,10 @@ class FastController:
         # found the pair alone above the figure their drawing together had left as their
         # own took that for the overlap signal caught out, and their next fall of their own
         # eased the in-flight bound to one kernel for the phase's last 9 s); else it is
-        # measured alone and followed up, as a
-        # load that moved (a rise may go on through the profile it set off: in the
-        # controller rig, that profile's figure held for a minute, with the rest of a rise
-        # of half hidden behind the harm it took and production at 0.867 of its solo
-        # progress)
+        # measured alone and followed up, as a load that moved (a rise may go on through
+        # the profile it set off: in the controller rig, that profile's figure held for a
+        # minute, with the rest of a rise of half hidden behind the harm it took and
+        # production at 0.867 of its solo progress)
         self.drift_since = self.drift_since if self.drift_since is not None else t
         if t - self.drift_since >= 0.5:
             self.drift_since = None

@@ -1046,16 +1046,23 @@ def test_each_production_process_is_anticipated(simgpu, tgsd, libshim):
     d = tgsd("[control]\ninflight_deepest = 2\n")
     prod, opp = d.register("production"), d.register("opportunistic")
     quarter = lambda name, period: simgpu.workload(
-        Workload.with_duty(0.25, period_ms=period, kernels=5, seconds=16, report_s=0.5), name, prod.env(libshim.shim))
+        Workload.with_duty(0.25, period_ms=period, kernels=5, seconds=60, report_s=0.5), name, prod.env(libshim.shim))
     a, b = quarter("a", 20), quarter("b", 22)
     simgpu.wait_for_contexts(["a", "b"])
     time.sleep(1)
     alone = simgpu.snapshots(4)
-    o = simgpu.workload(dataclasses.replace(HOG, seconds=12), "opp", opp.env(libshim.shim))
+    o = simgpu.workload(dataclasses.replace(HOG, seconds=60), "opp", opp.env(libshim.shim))
     simgpu.wait_for_contexts(["opp"])
     time.sleep(3)
-    shared = [simgpu.snapshots(2) for _ in range(3)]
+    # windows with no profile and no rate limit: what anticipation does, not what the rate
+    # does (a CI run: the pair's progress, drifting as their bursts fall together and apart,
+    # read 0.938 of a figure taken at another moment, with opportunistic work not watching;
+    # the rate was cut to 297 blocks/s and ramped back over the next 7 s, and the job had
+    # 0.071 s of the 3.25 s left idle)
+    quiet = [d.quiet_window(2, within_s=25, unlimited=True) for _ in range(3)]
     a.kill(), b.kill(), o.kill()
+    shared = [(w.before, w.after) for w in quiet]
+    caveat = next((w.caveat for w in quiet if not w.quiet), "")
 
     def per_iteration(snaps):
         waited, kernels = sim.between(*snaps, "waited_ns"), sim.between(*snaps, "kernels")
@@ -1065,10 +1072,11 @@ def test_each_production_process_is_anticipated(simgpu, tgsd, libshim):
     # neighbours made one 4 s window wait +0.225 ms in a full CI run (+0.33 once before)
     each_other, beside = per_iteration(alone), [per_iteration(w) for w in shared]
     assert min(beside) - each_other < 0.15, \
-        f"production waited {', '.join(f'{x:.3f}' for x in beside)} ms per iteration, {each_other:.3f} alone"
-    idle = sum(2 - sum(sim.busy_between(*w)[x] for x in "ab") for w in shared)
+        f"production waited {', '.join(f'{x:.3f}' for x in beside)} ms per iteration, {each_other:.3f} alone{caveat}"
+    idle = sum(w.seconds - sum(sim.busy_between(w.before, w.after)[x] for x in "ab") for w in quiet)
+    got = sum(sim.busy_between(*w)["opp"] for w in shared)
     # 0.9 of it in five runs of six here, 0.52 in one: the bound asks only that it is not starved
-    assert sum(sim.busy_between(*w)["opp"] for w in shared) >= 0.4 * idle, "opportunistic work still gets the idle time"
+    assert got >= 0.4 * idle, f"opportunistic work ran {got:.2f} s of the {idle:.2f} s left idle{caveat}"
 
 
 def test_opportunistic_kernels_longer_than_production_s_gaps_still_run(simgpu, tgsd, libshim):

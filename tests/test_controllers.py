@@ -240,6 +240,7 @@ def test_a_rise_by_the_tolerance_with_next_to_nothing_beside_production_is_its_o
     assert not held_back, f"harmless work held back: {held_back[0].why}"
     assert any("its own load" in b.why for b in after), r.ctl.why
 
+
 def test_production_idle_brings_back_the_configured_in_flight_bound():
     """Harm had the bound eased to one kernel; production then idles (an evaluation on the
     CPU, a checkpoint). Opportunistic work, alone on the GPU meanwhile, was held at one

@@ -23,6 +23,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "log_line.h"
+
 #define SIM_API __attribute__((visibility("default")))
 #define SIM_WEAK __attribute__((weak, visibility("default")))
 #define SIM_HIDDEN __attribute__((visibility("hidden")))
@@ -172,7 +174,7 @@ struct sim_global {
 };
 extern struct sim_global g_sim SIM_HIDDEN;
 
-enum { SIM_LOG_ERROR = 0, SIM_LOG_WARN = 1, SIM_LOG_INFO = 2, SIM_LOG_DEBUG = 3 };
+enum { SIM_LOG_ERROR = LOG_LINE_ERROR, SIM_LOG_WARN = LOG_LINE_WARN, SIM_LOG_INFO = LOG_LINE_INFO, SIM_LOG_DEBUG = LOG_LINE_DEBUG };
 
 /* ---- state.c ---- */
 SIM_HIDDEN void sim_log(int level, const char *fmt, ...) __attribute__((format(printf, 2, 3)));

@@ -20,18 +20,10 @@ struct sim_global g_sim = {.fd = -1, .my_slot = -1, .log_level = SIM_LOG_WARN};
 void sim_log(int level, const char *fmt, ...) {
     if (level > g_sim.log_level)
         return;
-    static const char *names[] = {"error", "warn", "info", "debug"};
-    char buf[1024];
-    int n = snprintf(buf, sizeof buf, "simgpu[%d] %s: ", (int)getpid(), names[level]);
     va_list ap;
     va_start(ap, fmt);
-    n += vsnprintf(buf + n, sizeof buf - (size_t)n - 1, fmt, ap);
+    log_line("simgpu", level, fmt, ap);
     va_end(ap);
-    if (n > (int)sizeof buf - 2)
-        n = (int)sizeof buf - 2;
-    buf[n++] = '\n';
-    ssize_t w = write(2, buf, (size_t)n);
-    (void)w;
 }
 
 uint64_t sim_now(void) {
@@ -142,15 +134,7 @@ static int read_settings(struct sim_settings *set) {
     return 0;
 }
 
-static void read_log_level(void) {
-    const char *v = getenv("SIMGPU_LOG");
-    if (!v || !*v)
-        return;
-    if (!strcasecmp(v, "error")) g_sim.log_level = SIM_LOG_ERROR;
-    else if (!strcasecmp(v, "warn") || !strcasecmp(v, "warning")) g_sim.log_level = SIM_LOG_WARN;
-    else if (!strcasecmp(v, "info")) g_sim.log_level = SIM_LOG_INFO;
-    else if (!strcasecmp(v, "debug")) g_sim.log_level = SIM_LOG_DEBUG;
-}
+static void read_log_level(void) { g_sim.log_level = log_line_level("SIMGPU_LOG", g_sim.log_level); }
 
 static void init_mutex(pthread_mutex_t *m) {
     pthread_mutexattr_t a;

@@ -9,7 +9,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <strings.h>
 #include <sys/mman.h>
 #include <unistd.h>
 
@@ -18,28 +17,14 @@
 int tgs_log_level = -1;
 
 void tgs_log(int level, const char *fmt, ...) {
-    if (tgs_log_level < 0) {
-        const char *v = getenv("TGS_LOG_LEVEL");
-        int l = TGS_LOG_WARN;
-        if (v && !strcasecmp(v, "error")) l = TGS_LOG_ERROR;
-        else if (v && !strcasecmp(v, "info")) l = TGS_LOG_INFO;
-        else if (v && !strcasecmp(v, "debug")) l = TGS_LOG_DEBUG;
-        tgs_log_level = l;
-    }
+    if (tgs_log_level < 0)
+        tgs_log_level = log_line_level("TGS_LOG_LEVEL", TGS_LOG_WARN);
     if (level > tgs_log_level)
         return;
-    static const char *names[] = {"error", "warn", "info", "debug"};
-    char buf[1024];
-    int n = snprintf(buf, sizeof buf, "tgs[%d] %s: ", (int)getpid(), names[level]);
     va_list ap;
     va_start(ap, fmt);
-    n += vsnprintf(buf + n, sizeof buf - (size_t)n - 1, fmt, ap);
+    log_line("tgs", level, fmt, ap);
     va_end(ap);
-    if (n > (int)sizeof buf - 2)
-        n = (int)sizeof buf - 2;
-    buf[n++] = '\n';
-    ssize_t w = write(2, buf, (size_t)n);
-    (void)w;
 }
 
 void tgs_fall_back(const char *why) {

@@ -13,6 +13,7 @@
 
 #include "clock.h"
 #include "hooks.h"
+#include "log_line.h"
 #include "tgs_proto.h"
 
 #define TGS_API __attribute__((visibility("default")))
@@ -27,7 +28,7 @@ TGS_NEEDS(TGS_REAL_DECL)
 #undef TGS_REAL_DECL
 
 /* ---- logging (control.c) ---- */
-enum { TGS_LOG_ERROR = 0, TGS_LOG_WARN = 1, TGS_LOG_INFO = 2, TGS_LOG_DEBUG = 3 };
+enum { TGS_LOG_ERROR = LOG_LINE_ERROR, TGS_LOG_WARN = LOG_LINE_WARN, TGS_LOG_INFO = LOG_LINE_INFO, TGS_LOG_DEBUG = LOG_LINE_DEBUG };
 TGS_HIDDEN extern int tgs_log_level;
 TGS_HIDDEN void tgs_log(int level, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 

@@ -124,6 +124,17 @@ def shim_log_level() -> str:
     return level
 
 
+def pyplot():
+    """matplotlib's pyplot, drawing to files only (no display is needed or used). Raises
+    ImportError without matplotlib: `Outputs.write` then says how to get the plots."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
 def median(xs: Sequence[float]) -> float:
     return statistics.median(xs) if xs else float("nan")
 

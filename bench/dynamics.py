@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
 
-from bench.common import Echo, HostCpu, Outputs, controllers, machine, table
+from bench.common import Echo, HostCpu, Outputs, controllers, machine, pyplot, table
 from bench.lab import ControllerTrace, Job, Lab, opportunistic, production, twin_gpu
 
 TOLERANCE = 0.03
@@ -266,11 +266,7 @@ def twin_in_words(twin: dict | None) -> str:
 
 
 def plot(runs: dict, phase_s: float):
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     fig, grid = plt.subplots(len(runs), 1, figsize=(10, 2.8 * len(runs)), sharex=True, squeeze=False)
     axes = grid[:, 0]  # one controller or two
     for ax, (controller, v) in zip(axes, runs.items()):

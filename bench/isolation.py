@@ -24,7 +24,7 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from bench.common import Echo, HostCpu, Outputs, controllers, machine, table
+from bench.common import Echo, HostCpu, Outputs, controllers, machine, pyplot, table
 from bench.lab import Lab, opportunistic, production, twin_gpu
 from tgs_runtime.workload import Workload
 
@@ -189,11 +189,7 @@ def run(echo: Echo = print, quick: bool = False, json_path: Path | None = None) 
 
 
 def plot(summary: dict):
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     fig, axes = plt.subplots(1, 2, figsize=(10, 3.6))
     names = list(summary)
     width = 0.8 / len(names)

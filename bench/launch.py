@@ -29,7 +29,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from bench.common import Echo, HostCpu, Outputs, machine, median, standalone_containers, table
+from bench.common import Echo, HostCpu, Outputs, machine, median, pyplot, standalone_containers, table
 from tgs_runtime import proto, sim
 from tgs_runtime.control import ActivityFile, ContainerPaths
 from tgs_runtime.daemon.gpus import GpuInventory
@@ -144,5 +144,35 @@ def run(echo: Echo = print, quick: bool = False, json_path: Path | None = None) 
           "the same launches read 120-230 ns, the medians then mixing fast runs and slow ones). Host CPUs busy / "
           "stolen by its hypervisor, round by round: " + ", ".join(HostCpu.in_words(h) for h in host) + ". "
           "Target: <= 100 ns added (the medians).")
-    Outputs("launch", json_path).write(result, md, echo)
+    Outputs("launch", json_path).write(result, md, echo, {"launch.png": lambda: plot(result)})
     return result
+
+
+def plot(result: dict):
+    """Nanoseconds per launch by mode (each round a dot, the median a bar), with the target
+    (the launch without the shim plus 100 ns); and, where callgrind counted them, the
+    instructions each mode adds."""
+    plt = pyplot()
+    modes = result["modes"]
+    names = list(modes)
+    counted = [n for n in names if modes[n]["added_instructions"] is not None]
+    fig, grid = plt.subplots(1, 2 if counted else 1, figsize=(11 if counted else 6, 3.4), squeeze=False)
+    ax = grid[0, 0]
+    for i, n in enumerate(names):
+        ax.barh(i, modes[n]["ns_per_launch_median"], color="C0", alpha=0.5)
+        ax.plot(modes[n]["ns_samples"], [i] * len(modes[n]["ns_samples"]), "k.", ms=3)
+    base = modes[names[0]]["ns_per_launch_median"]
+    ax.axvline(base + result["target_added_ns"], color="gray", ls="--", lw=0.8,
+               label=f"target: {names[0]} + {result['target_added_ns']} ns")
+    ax.set_yticks(range(len(names)), names, fontsize=8)
+    ax.invert_yaxis()
+    ax.set_xlabel("ns per launch (bar: median; dots: rounds)")
+    ax.legend(fontsize=7, loc="lower right")
+    if counted:
+        ax = grid[0, 1]
+        ax.barh(range(len(counted)), [modes[n]["added_instructions"] for n in counted], color="C1")
+        ax.set_yticks(range(len(counted)), counted, fontsize=8)
+        ax.invert_yaxis()
+        ax.set_xlabel("instructions added per launch (callgrind)")
+    fig.tight_layout()
+    return fig

@@ -11,7 +11,7 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from bench.common import Echo, Outputs, machine, table
+from bench.common import Echo, Outputs, machine, pyplot, table
 from bench.lab import Lab, opportunistic, production
 
 JOBS = (("long", 600, 0.0), ("medium", 300, 3.0), ("short", 100, 6.0))  # name, iterations, arrival s
@@ -73,5 +73,26 @@ def run(echo: Echo = print, quick: bool = False, json_path: Path | None = None) 
           + table(["share", *[f"{n} JCT s" for n in names], "mean JCT s", "makespan s", "production / solo"], rows)
           + "\n\nJobs (iterations of 10 x 1 ms kernels; arrival): "
           + ", ".join(f"{n} {i} at {a:g} s" for n, i, a in jobs) + ".")
-    Outputs("multi", json_path).write(result, md, echo)
+    Outputs("multi", json_path).write(result, md, echo, {"multi.png": lambda: plot(result)})
     return result
+
+
+def plot(result: dict):
+    """Each share policy's jobs from arrival to completion, one panel each."""
+    plt = pyplot()
+    jobs = result["jobs"]
+    shares = result["results"]
+    fig, grid = plt.subplots(len(shares), 1, figsize=(8, 1.1 + 0.5 * len(jobs) * len(shares)), sharex=True,
+                             squeeze=False)
+    for ax, (share, r) in zip(grid[:, 0], shares.items()):
+        for i, job in enumerate(jobs):
+            jct = r["jct_s"][job["name"]]
+            ax.barh(i, jct, left=job["arrival_s"], color=f"C{i + 1}")
+            ax.text(job["arrival_s"] + jct + 0.2, i, f"{jct:.1f} s", va="center", fontsize=7)
+        ax.set_yticks(range(len(jobs)), [j["name"] for j in jobs])
+        ax.invert_yaxis()
+        ax.set_title(f"{share}: mean JCT {r['mean_jct_s']:.1f} s, production {r['production_ratio']:.3f} of solo",
+                     fontsize=9)
+    grid[-1, 0].set_xlabel("seconds from the first arrival")
+    fig.tight_layout()
+    return fig

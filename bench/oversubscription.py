@@ -25,7 +25,7 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
-from bench.common import Echo, HostCpu, Outputs, machine, table
+from bench.common import Echo, HostCpu, Outputs, machine, pyplot, table
 from bench.lab import Job, Lab, twin_gpu
 from tgs_runtime import sim
 from tgs_runtime.workload import Workload
@@ -233,8 +233,46 @@ def run(echo: Echo = print, quick: bool = False, json_path: Path | None = None) 
           "Host CPUs (simgpu only): the part of all the machine's CPU time in that window that was busy, and that "
           "its hypervisor gave to other guests. "
           "Targets: production >= 0.95, opportunistic >= 10x co-execution's.")
-    Outputs("oversubscription", json_path).write(result, md, echo)
+    Outputs("oversubscription", json_path).write(result, md, echo,
+                                                 {"oversubscription.png": lambda: plot(result)})
     return result
+
+
+def plot(result: dict):
+    """Each setting's throughput against exclusive, production's and the opportunistic
+    job's, on a log scale (co-execution thrashes to a hundredth), with the targets; and on
+    simgpu the pages each job moved."""
+    plt = pyplot()
+    summary = result["summary"]
+    names = list(summary)
+    simulated = result.get("simulated", False)
+    fig, grid = plt.subplots(1, 2 if simulated else 1, figsize=(10 if simulated else 5.5, 3.6), squeeze=False)
+    axes = grid[0]
+    x = range(len(names))
+    for k, (key, label) in enumerate((("production_ratio", "production"), ("opportunistic_ratio", "opportunistic"))):
+        ys = [summary[n][key] if summary[n][key] is not None else float("nan") for n in names]
+        axes[0].bar([i + (k - 0.5) * 0.4 for i in x], ys, 0.4, label=label, color=f"C{k}")
+    axes[0].axhline(0.95, color="C0", ls="--", lw=0.8, label="production's target")
+    co = summary.get("co-execution", {}).get("opportunistic_ratio")
+    if co:
+        axes[0].axhline(10 * co, color="C1", ls="--", lw=0.8, label="10x co-execution's opportunistic")
+    axes[0].set_yscale("log")
+    axes[0].set_ylim(1e-3, 2)
+    axes[0].set_xticks(list(x), names)
+    axes[0].set_xlim(-0.75, len(names) - 0.25)  # (a real GPU's one setting is not one wide pair of bars)
+    axes[0].set_title("throughput / exclusive")
+    axes[0].legend(fontsize=7, loc="lower right")
+    if simulated:
+        for k, (key, label) in enumerate((("prod", "production"), ("opp", "opportunistic"))):
+            ys = [max(summary[n]["pages_moved"][key], 0.5) for n in names]  # (0 drawn at the axis)
+            axes[1].bar([i + (k - 0.5) * 0.4 for i in x], ys, 0.4, label=label, color=f"C{k}")
+        axes[1].set_yscale("log")
+        axes[1].set_ylim(0.5, None)
+        axes[1].set_xticks(list(x), names)
+        axes[1].set_title("2 MiB pages moved over the bus")
+        axes[1].legend(fontsize=7)
+    fig.tight_layout()
+    return fig
 
 
 def brief(r: dict) -> str:

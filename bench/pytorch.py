@@ -33,7 +33,7 @@ from pathlib import Path
 from bench import mps
 from dataclasses import dataclass, field
 
-from bench.common import Echo, Outputs, chosen, machine, table
+from bench.common import Echo, Outputs, chosen, machine, pyplot, table
 from bench.lab import ControllerTrace, Job, Lab
 
 HERE = Path(__file__).resolve().parent
@@ -155,7 +155,7 @@ def run(echo: Echo = print, quick: bool = False, json_path: Path | None = None) 
         each = res[f"{name}_windows"]
         res[name] = {k: sum(w[k] for w in each) / len(each) for k in ("prod", "opp")}
     result, md = report(res, duty, gap_ms, quick)
-    Outputs("pytorch", json_path).write(result, md, echo)
+    Outputs("pytorch", json_path).write(result, md, echo, {"pytorch.png": lambda: plot(result)})
     return result
 
 
@@ -211,6 +211,29 @@ def alone(res: dict, duty: float, host_ms: float, gap_ms: float) -> tuple[float,
         return res["excl_prod"], duty
     rate = res[alone_key(host_ms)]
     return rate, min(1.0, rate / res["excl_prod_nogap"])
+
+
+def plot(result: dict):
+    """Each setting's production against its exclusive run and the opportunistic job's share
+    of the idle time (the bar the mean of its windows, a dot each window), with the targets."""
+    plt = pyplot()
+    summary = result["summary"]
+    names = list(summary)
+    fig, axes = plt.subplots(1, 2, figsize=(10, 3.4))
+    for ax, key, title, target in ((axes[0], "production_ratio", "production / exclusive", 0.97),
+                                   (axes[1], "idle_share", "opportunistic share of the idle time", 0.8)):
+        ax.bar(range(len(names)), [summary[n][key] for n in names], 0.6, color="C0" if target > 0.9 else "C1")
+        if key == "idle_share":
+            for i, n in enumerate(names):
+                each = summary[n].get("idle_share_windows", [])
+                ax.plot([i] * len(each), each, "k.", ms=4)
+        ax.axhline(target, color="gray", ls="--", lw=0.8)
+        ax.set_xticks(range(len(names)), names, fontsize=8)
+        ax.set_xlim(-0.75, len(names) - 0.25)  # (one setting alone is not one wide bar)
+        ax.set_ylim(0, 1.3)
+        ax.set_title(title, fontsize=9)
+    fig.tight_layout()
+    return fig
 
 
 def report(res: dict, duty: float, gap_ms: float, quick: bool) -> tuple[dict, str]:

@@ -10,7 +10,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from bench.common import Echo, Outputs, machine, median, table
+from bench.common import Echo, Outputs, machine, median, pyplot, table
 from tgs_runtime import sim
 from tgs_runtime.childd import ChildTgsd, own_config
 from tgs_runtime.paths import artifacts
@@ -59,5 +59,25 @@ def run(echo: Echo = print, quick: bool = False, json_path: Path | None = None) 
                   [[k, f"{c['median_ms']:.0f}", f"{c['ratio_to_runc']:.3f}"] for k, c in cases.items()])
           + f"\n\n{runs} runs of each, interleaved, on a private dockerd (Debian docker.io 20.10, runc). "
           "Target: <= 1.15x runc.")
-    Outputs("start", json_path).write(result, md, echo)
+    Outputs("start", json_path).write(result, md, echo, {"start.png": lambda: plot(result)})
     return result
+
+
+def plot(result: dict):
+    """Milliseconds per `docker run` by runtime (each run a dot, the median a bar), with the
+    target (runc's median times the ratio allowed)."""
+    plt = pyplot()
+    cases = result["cases"]
+    names = list(cases)
+    fig, ax = plt.subplots(figsize=(6, 0.9 + 0.45 * len(names)))
+    for i, n in enumerate(names):
+        ax.barh(i, cases[n]["median_ms"], color="C0", alpha=0.5)
+        ax.plot(cases[n]["samples_ms"], [i] * len(cases[n]["samples_ms"]), "k.", ms=3)
+    ax.axvline(cases["runc"]["median_ms"] * result["target_ratio"], color="gray", ls="--", lw=0.8,
+               label=f"target: runc x {result['target_ratio']}")
+    ax.set_yticks(range(len(names)), names, fontsize=8)
+    ax.invert_yaxis()
+    ax.set_xlabel("ms per docker run --rm (bar: median; dots: runs)")
+    ax.legend(fontsize=7, loc="lower right")
+    fig.tight_layout()
+    return fig

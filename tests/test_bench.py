@@ -639,3 +639,63 @@ def test_a_lab_traces_what_its_tgsd_saw_while_jobs_ran(libshim):
     windows = [ControllerTrace(trace.samples, (t0 + start, t0 + start + 2)).summary() for start in (5, 10)]
     misses = [trace_misses(s) for s in windows]
     assert not all(misses), list(zip(misses, windows))
+
+
+def test_each_benchmark_plots_the_figures_of_its_table():
+    """Every benchmark writes a plot beside its JSON and table (isolation and dynamics have
+    tests of their own): drawn from the result the benchmark writes, each bar is a figure of
+    its table, and each target is where the table says."""
+    from bench import launch, multi, oversubscription, pytorch, start
+
+    def heights(ax):
+        return [round(p.get_height(), 3) for p in ax.patches]
+
+    def widths(ax):
+        return [round(p.get_width(), 3) for p in ax.patches]
+
+    def lines(ax, axis):  # the target lines: (x of a vertical one, y of a horizontal one)
+        return [round(line.get_xdata()[0] if axis == "x" else line.get_ydata()[0], 3) for line in ax.lines
+                if len(set(line.get_xdata() if axis == "x" else line.get_ydata())) == 1
+                and len(line.get_xdata()) == 2]
+
+    def ran(prod: float, opp: float, pages: int) -> dict:
+        return {k: {"rate": rate, "rc": 0, "checksum_ok": True, "pages_in": pages, "pages_out": pages}
+                for k, rate in (("prod", prod), ("opp", opp))}
+
+    res = {"exclusive": ran(158.0, 456.0, 0), "co-execution": ran(3.0, 5.7, 15000), "TGS": ran(153.0, 7.5, 176)}
+    res["TGS"]["prod"].update(pages_in=0, pages_out=0)  # production's memory kept whole
+    _, summary = oversubscription.summarise(res)
+    fig = oversubscription.plot({"summary": summary, "simulated": True})
+    assert heights(fig.axes[0]) == [0.019, 0.968, 0.013, 0.016]  # production's bars, then the opportunistic job's
+    assert lines(fig.axes[0], "y") == [0.95, 0.13]  # production's target; 10x co-execution's opportunistic
+    assert heights(fig.axes[1]) == [30000, 0.5, 30000, 352]  # pages both ways; none drawn at the axis
+    assert len(oversubscription.plot({"summary": {"TGS": summary["TGS"]}, "simulated": False}).axes) == 1
+
+    jobs = [{"name": "long", "iterations": 600, "arrival_s": 0.0}, {"name": "short", "iterations": 100, "arrival_s": 6.0}]
+    shares = {share: {"jct_s": {"long": long_s, "short": short_s}, "mean_jct_s": (long_s + short_s) / 2,
+                      "production_ratio": 0.998} for share, long_s, short_s in (("fair", 22.9, 7.8), ("las", 22.2, 2.6))}
+    fig = multi.plot({"jobs": jobs, "results": shares})
+    assert [widths(ax) for ax in fig.axes] == [[22.9, 7.8], [22.2, 2.6]]
+    assert [[round(p.get_x(), 3) for p in ax.patches] for ax in fig.axes] == [[0.0, 6.0]] * 2  # from each arrival
+
+    modes = {m: {"ns_per_launch_median": ns, "ns_samples": [ns - 1, ns, ns + 2], "added_instructions": ir}
+             for m, ns, ir in (("without the shim", 58.8, 0), ("production", 75.3, 229), ("bounded", 106.9, 561))}
+    fig = launch.plot({"modes": modes, "target_added_ns": 100})
+    assert widths(fig.axes[0]) == [58.8, 75.3, 106.9] and lines(fig.axes[0], "x") == [158.8]
+    assert widths(fig.axes[1]) == [0, 229, 561]
+    uncounted = {m: {**v, "added_instructions": None} for m, v in modes.items()}  # a real GPU: no callgrind
+    assert len(launch.plot({"modes": uncounted, "target_added_ns": 100}).axes) == 1
+
+    cases = {c: {"median_ms": ms, "samples_ms": [ms - 3, ms, ms + 5]}
+             for c, ms in (("runc", 176.8), ("tgs, opportunistic container", 194.3))}
+    fig = start.plot({"cases": cases, "target_ratio": 1.15})
+    assert widths(fig.axes[0]) == [176.8, 194.3] and lines(fig.axes[0], "x") == [203.32]
+
+    res = {"excl_prod": 15.0, "excl_opp": 25.0, "co-execution": {"prod": 12.0, "opp": 20.0},
+           "fast": {"prod": 14.7, "opp": 7.5}, "fast_windows": [{"prod": 14.7, "opp": 9.0}, {"prod": 14.7, "opp": 6.0}],
+           "mps_percent": 61, "mps_not_run": "not in TGS_BENCH_PYTORCH_SETTINGS"}
+    result, _ = pytorch.report(res, duty=0.4, gap_ms=40, quick=False)
+    fig = pytorch.plot(result)
+    assert heights(fig.axes[0]) == [0.8, 0.98] and heights(fig.axes[1]) == [1.333, 0.5]
+    assert [round(y, 3) for y in fig.axes[1].lines[0].get_ydata()] == []  # co-execution: one window, no dots
+    assert [round(y, 3) for y in fig.axes[1].lines[1].get_ydata()] == [0.6, 0.4]  # fast: each window a dot

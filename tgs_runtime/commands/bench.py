@@ -24,7 +24,9 @@ BENCHMARKS = {
            "with host work between (a model: no GPU)",
 }
 
-HELP = ("Run benchmark NAME side by side in one run, and write JSON, a Markdown table and plots.\n\n\b\n"
+HELP = ("Run benchmark NAME side by side in one run, and write JSON, a Markdown table and plots (PNG, with\n"
+        "matplotlib; overhead's are launch's and start's, the suite's its benchmarks', the rig has none) under\n"
+        "bench/results/NAME/.\n\n\b\n"
         + "\n".join(f"{name:<17}{what}" for name, what in BENCHMARKS.items())
         + "\n\nOn a machine with an NVIDIA GPU the GPU benchmarks use it, else simgpu.\n\n\b\n"
         "Environment:\n"

@@ -135,6 +135,20 @@ def pyplot():
     return plt
 
 
+def medians_and_samples(ax, rows: dict[str, tuple[float, Sequence[float]]], target: float, target_label: str,
+                        unit: str) -> None:
+    """One horizontal bar a row, its median, with each of its samples a dot on it, and a
+    dashed line at `target`; the first row on top."""
+    for i, (median_value, samples) in enumerate(rows.values()):
+        ax.barh(i, median_value, color="C0", alpha=0.5)
+        ax.plot(samples, [i] * len(samples), "k.", ms=3)
+    ax.axvline(target, color="gray", ls="--", lw=0.8, label=target_label)
+    ax.set_yticks(range(len(rows)), list(rows), fontsize=8)
+    ax.invert_yaxis()
+    ax.set_xlabel(unit)
+    ax.legend(fontsize=7, loc="lower right")
+
+
 def median(xs: Sequence[float]) -> float:
     return statistics.median(xs) if xs else float("nan")
 

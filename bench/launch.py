@@ -29,7 +29,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from bench.common import Echo, HostCpu, Outputs, machine, median, pyplot, standalone_containers, table
+from bench.common import (Echo, HostCpu, Outputs, machine, median, medians_and_samples, pyplot, standalone_containers,
+                          table)
 from tgs_runtime import proto, sim
 from tgs_runtime.control import ActivityFile, ContainerPaths
 from tgs_runtime.daemon.gpus import GpuInventory
@@ -157,17 +158,9 @@ def plot(result: dict):
     names = list(modes)
     counted = [n for n in names if modes[n]["added_instructions"] is not None]
     fig, grid = plt.subplots(1, 2 if counted else 1, figsize=(11 if counted else 6, 3.4), squeeze=False)
-    ax = grid[0, 0]
-    for i, n in enumerate(names):
-        ax.barh(i, modes[n]["ns_per_launch_median"], color="C0", alpha=0.5)
-        ax.plot(modes[n]["ns_samples"], [i] * len(modes[n]["ns_samples"]), "k.", ms=3)
-    base = modes[names[0]]["ns_per_launch_median"]
-    ax.axvline(base + result["target_added_ns"], color="gray", ls="--", lw=0.8,
-               label=f"target: {names[0]} + {result['target_added_ns']} ns")
-    ax.set_yticks(range(len(names)), names, fontsize=8)
-    ax.invert_yaxis()
-    ax.set_xlabel("ns per launch (bar: median; dots: rounds)")
-    ax.legend(fontsize=7, loc="lower right")
+    medians_and_samples(grid[0, 0], {n: (modes[n]["ns_per_launch_median"], modes[n]["ns_samples"]) for n in names},
+                        modes[names[0]]["ns_per_launch_median"] + result["target_added_ns"],
+                        f"target: {names[0]} + {result['target_added_ns']} ns", "ns per launch (bar: median; dots: rounds)")
     if counted:
         ax = grid[0, 1]
         ax.barh(range(len(counted)), [modes[n]["added_instructions"] for n in counted], color="C1")

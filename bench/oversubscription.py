@@ -249,9 +249,15 @@ def plot(result: dict):
     fig, grid = plt.subplots(1, 2 if simulated else 1, figsize=(10 if simulated else 5.5, 3.6), squeeze=False)
     axes = grid[0]
     x = range(len(names))
-    for k, (key, label) in enumerate((("production_ratio", "production"), ("opportunistic_ratio", "opportunistic"))):
-        ys = [summary[n][key] if summary[n][key] is not None else float("nan") for n in names]
-        axes[0].bar([i + (k - 0.5) * 0.4 for i in x], ys, 0.4, label=label, color=f"C{k}")
+
+    def pairs(ax, production: list[float], opportunistic: list[float]) -> None:  # two bars a setting
+        for k, (ys, label) in enumerate(((production, "production"), (opportunistic, "opportunistic"))):
+            ax.bar([i + (k - 0.5) * 0.4 for i in x], ys, 0.4, label=label, color=f"C{k}")
+
+    def ratios(key: str) -> list[float]:
+        return [summary[n][key] if summary[n][key] is not None else float("nan") for n in names]
+
+    pairs(axes[0], ratios("production_ratio"), ratios("opportunistic_ratio"))
     axes[0].axhline(0.95, color="C0", ls="--", lw=0.8, label="production's target")
     co = summary.get("co-execution", {}).get("opportunistic_ratio")
     if co:
@@ -263,9 +269,8 @@ def plot(result: dict):
     axes[0].set_title("throughput / exclusive")
     axes[0].legend(fontsize=7, loc="lower right")
     if simulated:
-        for k, (key, label) in enumerate((("prod", "production"), ("opp", "opportunistic"))):
-            ys = [max(summary[n]["pages_moved"][key], 0.5) for n in names]  # (0 drawn at the axis)
-            axes[1].bar([i + (k - 0.5) * 0.4 for i in x], ys, 0.4, label=label, color=f"C{k}")
+        pairs(axes[1], *([max(summary[n]["pages_moved"][key], 0.5) for n in names]  # (0 drawn at the axis)
+                         for key in ("prod", "opp")))
         axes[1].set_yscale("log")
         axes[1].set_ylim(0.5, None)
         axes[1].set_xticks(list(x), names)

@@ -10,7 +10,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from bench.common import Echo, Outputs, machine, median, pyplot, table
+from bench.common import Echo, Outputs, machine, median, medians_and_samples, pyplot, table
 from tgs_runtime import sim
 from tgs_runtime.childd import ChildTgsd, own_config
 from tgs_runtime.paths import artifacts
@@ -70,14 +70,8 @@ def plot(result: dict):
     cases = result["cases"]
     names = list(cases)
     fig, ax = plt.subplots(figsize=(6, 0.9 + 0.45 * len(names)))
-    for i, n in enumerate(names):
-        ax.barh(i, cases[n]["median_ms"], color="C0", alpha=0.5)
-        ax.plot(cases[n]["samples_ms"], [i] * len(cases[n]["samples_ms"]), "k.", ms=3)
-    ax.axvline(cases["runc"]["median_ms"] * result["target_ratio"], color="gray", ls="--", lw=0.8,
-               label=f"target: runc x {result['target_ratio']}")
-    ax.set_yticks(range(len(names)), names, fontsize=8)
-    ax.invert_yaxis()
-    ax.set_xlabel("ms per docker run --rm (bar: median; dots: runs)")
-    ax.legend(fontsize=7, loc="lower right")
+    medians_and_samples(ax, {n: (cases[n]["median_ms"], cases[n]["samples_ms"]) for n in names},
+                        cases["runc"]["median_ms"] * result["target_ratio"], f"target: runc x {result['target_ratio']}",
+                        "ms per docker run --rm (bar: median; dots: runs)")
     fig.tight_layout()
     return fig

@@ -25,6 +25,7 @@ busy and the opportunistic ones waited behind it, whether they watched productio
 much of their work ran beside it, the in-flight bound and the rate."""
 from __future__ import annotations
 
+import importlib.util
 import os
 import sys
 import time
@@ -86,9 +87,7 @@ def window(jobs: dict[str, Job], seconds: float, timeout: float = 240,
 
 def run(echo: Echo = print, quick: bool = False, json_path: Path | None = None) -> dict:
     picked = chosen("TGS_BENCH_PYTORCH_SETTINGS", list(SHORT))
-    try:
-        import torch  # noqa: F401
-    except ImportError:
+    if importlib.util.find_spec("torch") is None:  # (its jobs import it; found, not loaded here: seconds)
         raise SystemExit("tgs bench pytorch needs PyTorch (pip install torch) and an NVIDIA GPU")
     seconds = 8 if quick else 20
     gap_ms = GAP_MS

@@ -245,7 +245,7 @@ def plot(result: dict):
     plt = pyplot()
     summary = result["summary"]
     names = list(summary)
-    simulated = result.get("simulated", False)
+    simulated = result["simulated"]
     fig, grid = plt.subplots(1, 2 if simulated else 1, figsize=(10 if simulated else 5.5, 3.6), squeeze=False)
     axes = grid[0]
     x = range(len(names))

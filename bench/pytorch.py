@@ -219,9 +219,9 @@ def plot(result: dict):
     summary = result["summary"]
     names = list(summary)
     fig, axes = plt.subplots(1, 2, figsize=(10, 3.4))
-    for ax, key, title, target in ((axes[0], "production_ratio", "production / exclusive", 0.97),
-                                   (axes[1], "idle_share", "opportunistic share of the idle time", 0.8)):
-        ax.bar(range(len(names)), [summary[n][key] for n in names], 0.6, color="C0" if target > 0.9 else "C1")
+    for ax, key, title, target, color in ((axes[0], "production_ratio", "production / exclusive", 0.97, "C0"),
+                                          (axes[1], "idle_share", "opportunistic share of the idle time", 0.8, "C1")):
+        ax.bar(range(len(names)), [summary[n][key] for n in names], 0.6, color=color)
         if key == "idle_share":
             for i, n in enumerate(names):
                 each = summary[n].get("idle_share_windows", [])

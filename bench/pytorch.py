@@ -28,6 +28,7 @@ from __future__ import annotations
 import importlib.util
 import os
 import sys
+import textwrap
 import time
 from pathlib import Path
 
@@ -221,15 +222,16 @@ def plot(result: dict):
     fig, axes = plt.subplots(1, 2, figsize=(10, 3.4))
     for ax, key, title, target, color in ((axes[0], "production_ratio", "production / exclusive", 0.97, "C0"),
                                           (axes[1], "idle_share", "opportunistic share of the idle time", 0.8, "C1")):
-        ax.bar(range(len(names)), [summary[n][key] for n in names], 0.6, color=color)
-        if key == "idle_share":
-            for i, n in enumerate(names):
-                each = summary[n].get("idle_share_windows", [])
-                ax.plot([i] * len(each), each, "k.", ms=4)
+        bars = [summary[n][key] for n in names]
+        dots = [summary[n].get("idle_share_windows", []) if key == "idle_share" else [] for n in names]
+        ax.bar(range(len(names)), bars, 0.6, color=color)
+        for i, each in enumerate(dots):
+            ax.plot([i] * len(each), each, "k.", ms=4)
         ax.axhline(target, color="gray", ls="--", lw=0.8)
-        ax.set_xticks(range(len(names)), names, fontsize=8)
+        ax.set_xticks(range(len(names)), [textwrap.fill(n, 14) for n in names], fontsize=8)
         ax.set_xlim(-0.75, len(names) - 0.25)  # (one setting alone is not one wide bar)
-        ax.set_ylim(0, 1.3)
+        tops = [v for v in (*bars, *(v for each in dots for v in each)) if v == v]  # (NaN: a window not measured)
+        ax.set_ylim(0, max([1.3, *(1.1 * v for v in tops)]))  # (co-execution's share of the idle time passes 1)
         ax.set_title(title, fontsize=9)
     fig.tight_layout()
     return fig

@@ -101,6 +101,7 @@ class Rig:
         self.spell_after: dict[int, float] = {}  # ... the one after each iteration's burst, by its number
         self.noise = 0.0  # (set with its draws' seed by `settled`)
         self.noise_draws = random.Random(0)  # (seeded: the same draws on any machine)
+        self.stolen = 0.0  # the part of the host's CPU time its hypervisor takes (`Sample.stolen_s`)
 
     def _spell(self) -> float:
         """The host spell after a burst of its rhythm: `host_s`, or where the rhythm has a
@@ -191,7 +192,7 @@ class Rig:
                 if self.rhythm and self.iterations > GAPS_TO_EXPECT and self.spell_after else 0.0
             self.budget = self.ctl.step(Sample(self.t, DT, int(prod * DT), int(opp * DT), production, opportunistic,
                                                marks, production_processes=self.processes, overlap=seen,
-                                               production_rhythm_s=rhythm_s))
+                                               production_rhythm_s=rhythm_s, stolen_s=self.stolen * DT))
         return self.budget
 
 

@@ -730,6 +730,10 @@ def test_status_schema(simgpu, tgsd, libshim):
     deadline = time.monotonic() + 10
     while d.status()["gpus"][0]["controller"]["inflight_max"] is None and time.monotonic() < deadline:
         time.sleep(0.1)
+    # the host's CPU time its hypervisor took, read every quarter-second (0 on bare metal)
+    while (stolen := d.status()["daemon"]["host_cpu_stolen"]) is None and time.monotonic() < deadline + 5:
+        time.sleep(0.1)
+    assert stolen is not None and 0.0 <= stolen <= 1.0, stolen
     human = subprocess.run([sys.executable, "-m", "tgs_runtime", "status", "--state-dir", str(d.state_dir)],
                            capture_output=True, text=True, timeout=30)
     assert opp.id in human.stdout and "opportunistic" in human.stdout

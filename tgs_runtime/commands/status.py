@@ -23,6 +23,17 @@ def _waited(c: dict) -> str:
         {cause: c.get(proto.wait_key(cause), 0) for cause in proto.WAIT_CAUSES}, "s", ".1f")
 
 
+def stolen_words(share: float | None, controller: str = Controller.FAST.value) -> str | None:
+    """What `tgs status` says of the host's CPU time its hypervisor took over the last 3 s
+    (the daemon's `host_cpu_stolen`); None under 1 % (or not known): nothing worth saying.
+    Under `fast`, a fall of production no deeper is not taken for harm (for 15 s at most);
+    `tgs-paper` has no such rule."""
+    if share is None or share < 0.01:
+        return None
+    said = f"the host's hypervisor took {share:.1%} of its CPU time over the last 3 s: it slows production too"
+    return said + (", and a fall no deeper is not taken for harm" if controller == Controller.FAST.value else "")
+
+
 def rhythm_words(rhythm_s: float, controller: str = Controller.FAST.value) -> str | None:
     """A production container's rhythm (the longest idle spell its processes expect), in
     words, where it is longer than the idle rule's half second: within it production is on
@@ -66,6 +77,9 @@ def status_cmd(as_json: bool, config_path: Path | None, state_dir: Path | None) 
     d = st["daemon"]
     click.echo(f"tgsd {d['version']} (pid {d['pid']}, up {d['uptime_s']:.0f}s): controller {d['controller']}, "
                f"share {d['share']}, state {d['state_dir']}")
+    stolen = stolen_words(d.get("host_cpu_stolen"), d["controller"])
+    if stolen:
+        click.echo(stolen)
     for g in st["gpus"]:
         ctl = g["controller"]
         rate = "unlimited" if ctl["rate_blocks_per_s"] is None else f"{ctl['rate_blocks_per_s']:.0f} blocks/s"

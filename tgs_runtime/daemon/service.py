@@ -26,6 +26,7 @@ from tgs_runtime.daemon.gpus import Gpu, GpuError, GpuInventory
 from tgs_runtime.daemon.registry import Container, Phase, Process, Tally, load_registration, process_start_time
 from tgs_runtime.daemon.sharing import Claimant, ShareState, Turn, split, take_turns
 from tgs_runtime.daemon.stall import HeldGate
+from tgs_runtime.daemon.stolen import StolenTime
 from tgs_runtime.daemon.window import Mark, Overlap, Sample
 from tgs_runtime.logs import RepeatLimiter, get as get_logger
 from tgs_runtime.runtime import create as createmod
@@ -69,6 +70,7 @@ class Daemon:
         self._admin: asyncio.AbstractServer | None = None
         self._stop = asyncio.Event()
         self._last_tick = time.monotonic()
+        self.stolen = StolenTime()  # the host's CPU time its hypervisor takes (the controllers' Sample)
         self._failures = RepeatLimiter()
         self._last_save = 0.0
         self.started = time.monotonic()
@@ -568,8 +570,9 @@ class Daemon:
         for c in list(self.containers.values()):
             if c.phase == Phase.RESERVED and now - c.reserved_at > self.cfg.daemon.reservation_timeout_s:
                 self.release(c, f"reserved but never attached within {self.cfg.daemon.reservation_timeout_s:g}s")
+        stolen_s = self.stolen.since_last(now)
         for uuid, st in self.gpus.items():
-            self._control_gpu(st, now, dt)
+            self._control_gpu(st, now, dt, stolen_s)
         hb = time.monotonic_ns()
         for c in self.containers.values():
             c.control.heartbeat(hb)
@@ -582,7 +585,7 @@ class Daemon:
     def _on(self, uuid: str):
         return [(c, c.gpu_slot(uuid)) for c in self.containers.values() if uuid in c.gpus]
 
-    def _control_gpu(self, st: GpuState, now: float, dt: float) -> None:
+    def _control_gpu(self, st: GpuState, now: float, dt: float, stolen_s: float) -> None:
         uuid = st.gpu.uuid
         members = self._on(uuid)
         prod_blocks = opp_blocks = 0
@@ -610,7 +613,8 @@ class Daemon:
         rhythm_ns = max((_rhythm_ns(c, st.activity) for c, _ in prod), default=0)
         budget = st.controller.step(Sample(now, dt, prod_blocks, opp_blocks, bool(prod), bool(opp),
                                            _marks(prod, uuid), procs,
-                                           Overlap(busy_ns / 1e9, gated_ns / 1e9, overlap_ns / 1e9), rhythm_ns / 1e9))
+                                           Overlap(busy_ns / 1e9, gated_ns / 1e9, overlap_ns / 1e9), rhythm_ns / 1e9,
+                                           stolen_s))
         # a container none of whose processes has connected yet does not take part in the split
         claimants = [Claimant(c.id, c.attained(), c.achieved[s], c.budget[s], c.order, c.bound_wait[s])
                      for c, s in opp if c.processes]
@@ -783,6 +787,8 @@ class Daemon:
         return {"version": 1, "daemon": {"pid": os.getpid(), "version": __version__,
                                          "uptime_s": round(time.monotonic() - self.started, 1),
                                          "state_dir": str(self.paths.state_dir),
+                                         "host_cpu_stolen": None if (stolen := self.stolen.recent()) is None
+                                         else round(stolen, 3),
                                          "controller": self.cfg.control.controller.value, "share": self.cfg.control.share.value,
                                          "config": str(self.cfg.path) if self.cfg.path else None},
                 "gpus": gpus}

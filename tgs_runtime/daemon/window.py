@@ -90,6 +90,9 @@ class Sample:
     # 0: none expected): within it, a job
     # that spends that long on its host every iteration is not idle (`FastController._idle_after`)
     production_rhythm_s: float = 0.0
+    # the host's CPU time its hypervisor took in the period, seconds per CPU (`StolenTime`,
+    # stolen.py): it slows every process on the host, production's too, with no sharing in it
+    stolen_s: float = 0.0
 
 
 @dataclass
@@ -284,6 +287,13 @@ class Window:
         seen = list(self._after(since))
         return Overlap(sum(s.overlap.busy_s for s in seen), sum(s.overlap.gated_s for s in seen),
                        sum(s.overlap.overlap_s for s in seen), sum(s.dt for s in seen))
+
+    def stolen(self, since: float) -> float:
+        """The part of the host's CPU time its hypervisor took over the samples after
+        `since` (`Sample.stolen_s`; 0 where none is covered)."""
+        seen = list(self._after(since))
+        span = sum(s.dt for s in seen)
+        return sum(s.stolen_s for s in seen) / span if span > 0 else 0.0
 
     def _latest_marks(self) -> tuple[Mark, ...]:
         """The latest sample's marks: each production container's latest iteration start

@@ -21,6 +21,7 @@ from typing import Iterator
 from bench.common import every, shim_log_level
 from tgs_runtime import proto, sim
 from tgs_runtime.childd import ChildTgsd, merge, own_config
+from tgs_runtime.daemon.controllers import MACHINE_WHY
 from tgs_runtime.paths import artifacts
 from tgs_runtime.workload import Report, Workload, parse_line
 
@@ -206,6 +207,9 @@ class ControllerTrace:
             parts.append("profiled at " + ", ".join(f"{t:.1f} s" for t in m["profiles_s"]))
         if m["rate_limited"]:
             parts.append(f"rate limited in {m['rate_limited']} of {m['samples']} samples")
+        machine = [t for t, why in m.get("decisions", []) if MACHINE_WHY in why]
+        if machine:  # falls taken as the host's slowness (CPU time stolen), nothing done
+            parts.append("the machine's at " + ", ".join(f"{t:.1f} s" for t in machine))
         return "; ".join(parts)
 
     @staticmethod

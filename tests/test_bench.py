@@ -20,6 +20,7 @@ from bench.dynamics import lowest_by_bound, settle
 from bench.lab import ControllerTrace, Job, Lab, opportunistic, production
 from tgs_runtime import proto, sim
 from tgs_runtime.commands.bench import BENCHMARKS
+from tgs_runtime.daemon.controllers import MACHINE_WHY
 from tgs_runtime.paths import REPO_ROOT
 from tgs_runtime.workload import Report, Workload
 
@@ -596,6 +597,11 @@ def test_a_controller_trace_says_what_tgsd_did_in_a_phase():
     paper = ControllerTrace([at(1.0, "slow-start", 0, 100), at(2.0, "profile", 0)]).moves(0.0, 3.0)
     assert ControllerTrace.moves_in_words(paper) == "no bound; profiled at 2.0 s; rate limited in 1 of 2 samples"
     assert ControllerTrace.moves_in_words(trace.moves(30.0, 40.0)) == "no status samples"
+    # a fall taken as the host's slowness (its CPU time stolen) changes no bound or rate: the
+    # cell says when
+    slow = ControllerTrace([at(1.0, "run", 2), at(3.0, "run", 2, why=f"production at 0.961 ...: {MACHINE_WHY}; "
+                                                                   "nothing changed", age=0.4)]).moves(0.0, 4.0)
+    assert ControllerTrace.moves_in_words(slow) == "bound 2; the machine's at 2.6 s"
 
 
 def trace_misses(s: dict) -> list[str]:

@@ -26,12 +26,13 @@ def _waited(c: dict) -> str:
 def stolen_words(share: float | None, controller: str = Controller.FAST.value) -> str | None:
     """What `tgs status` says of the host's CPU time its hypervisor took over the last 3 s
     (the daemon's `host_cpu_stolen`); None under 1 % (or not known): nothing worth saying.
-    Under `fast`, a fall of production no deeper is not taken for harm (for 15 s at most);
-    `tgs-paper` has no such rule."""
+    Under `fast`, tgsd does not take a fall of production that it explains for harm (for
+    15 s at most against one figure: docs/daemon.md); `tgs-paper` has no such rule."""
     if share is None or share < 0.01:
         return None
     said = f"the host's hypervisor took {share:.1%} of its CPU time over the last 3 s: it slows production too"
-    return said + (", and a fall no deeper is not taken for harm" if controller == Controller.FAST.value else "")
+    return said + (", and a fall of production that it explains is not taken for harm"
+                   if controller == Controller.FAST.value else "")
 
 
 def rhythm_words(rhythm_s: float, controller: str = Controller.FAST.value) -> str | None:

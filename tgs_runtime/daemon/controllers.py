@@ -71,9 +71,9 @@ take turns at it (sharing.py). Pure logic: no clocks, no I/O.
   and a rise of 10 % likewise, raised by that overlap (what sharing may hide), unprofiled;
   a profile that finds production alone above such a figure by more than the tolerance
   ends that for the load. A fall no deeper than the part of the host's CPU time its
-  hypervisor took over the window (`Sample.stolen_s`), with what the shims saw beside
-  production under half of it, is the machine's: nothing is done, for 15 s at most from
-  the first of a run of them (`_the_machine_s`). If
+  hypervisor took over the window (`Sample.stolen_s`) beyond what it took while the figure
+  was measured, with what the shims saw beside production under half of it, is the
+  machine's: nothing is done, for 15 s at most against one figure (`_the_machine_s`). If
   cuts that help a little have taken the rate to a tenth of what opportunistic work ran at
   and production is still below, production is profiled once more (a check, again at each
   further tenth: the rate stays where the cuts left it, and little opportunistic work is
@@ -207,18 +207,22 @@ class FastController:
     NOISE_Z = 2.0      # ... and by more than this many standard errors of the two (`_followed`)
     OWN_FALL_PART = 0.25          # overlap below this part of a fall: the fall is production's own
     MACHINE_FALL_PART = 0.5       # ... below this, with as much of the CPU time stolen: the machine's (`_the_machine_s`) ...
-    MACHINE_HOLD_S = 15.0         # ... for this long at most, from the first of a run of such falls
+    MACHINE_HOLD_S = 15.0         # ... for this long at most against one figure, from the first such fall
     FREE_WHY = "no production on the GPU"  # why it is free: where it starts, and where production leaves
 
     def __init__(self, cfg: ControlConfig):
         self.cfg = cfg
         self.window = Window(self.WINDOW_S)
         self.phase = Phase.FREE
-        self.solo: float | None = None
+        self.changed_at = float("-inf")
+        # the part of the host's CPU time stolen while the solo figure was measured, and the
+        # first fall taken as the machine's against it (`solo`, `_the_machine_s`)
+        self.figure_stolen = 0.0
+        self.machine_since: float | None = None
+        self.solo = None
         self.profiles: list[Profiled] = []  # of production's present load
         self.rate = UNLIMITED
         self.rate_good = UNLIMITED
-        self.changed_at = float("-inf")
         self.decided_at = float("-inf")
         self.profile_from = 0.0
         self.profile_first: float | None = None  # the profile under way was extended: its first part's figure
@@ -246,8 +250,22 @@ class FastController:
         # production of a long rhythm is on its host in the profile under way, not due back
         # within a decision: opportunistic work runs at the rate meanwhile (`_on_its_host`)
         self.host_spell = False
-        self.machine_fall = False  # the latest decision found production's fall the machine's (`_the_machine_s`) ...
-        self.machine_since: float | None = None  # ... and the first of the run of falls so found
+        self.machine_fall = False  # the latest decision found production's fall the machine's (`_the_machine_s`)
+
+    @property
+    def solo(self) -> float | None:
+        """Production's solo progress, blocks/s (None: not known)."""
+        return self._solo
+
+    @solo.setter
+    def solo(self, figure: float | None) -> None:
+        """A new figure (a profile's, production's alone, a change taken as its own): it
+        notes the part of the host's CPU time stolen over the stretch it was measured on
+        (since the last change), which a fall must be explained by more than, and it has
+        MACHINE_HOLD_S of falls to take for the machine's (`_the_machine_s`)."""
+        self._solo = figure
+        self.figure_stolen = self.window.stolen(self.changed_at + self.SETTLE_S)
+        self.machine_since = None
 
     def _change(self, t: float, why: str, phase: Phase | None = None, rate: int | None = None) -> None:
         if phase is not None:
@@ -288,24 +306,29 @@ class FastController:
     def _the_machine_s(self, t: float, p: float, solo: float, seen: Overlap, judged_from: float) -> str | None:
         """Why production's fall from solo to p is the machine's, for the decision log; None
         where it is not known to be: the part of the host's CPU time its hypervisor took
-        since `judged_from` (`Window.stolen`) is at least the fall, and opportunistic work
-        watched production and ran beside it for under MACHINE_FALL_PART of the fall (a
-        second beside production costs it at most that second: sharing explains under half
-        of it), the overlap signal not caught out for this load; and the run of falls so
-        found began under MACHINE_HOLD_S ago. A hypervisor that steals for longer has set
-        the machine's speed, and the fall is judged as any other (cuts that bring nothing
-        back profile production alone, at that speed); harm the shims do not see (through
-        the bus or the caches), taken for the machine's meanwhile, is answered then."""
+        since `judged_from` (`Window.stolen`) is above the part it took while the figure
+        was measured (`figure_stolen`: a figure measured on a slowed machine has the
+        slowness in it) by at least the fall, and opportunistic work watched production
+        and ran beside it for under MACHINE_FALL_PART of the fall (a second beside
+        production costs it at most that second: sharing explains under half of it), the
+        overlap signal not caught out for this load; and the first fall so taken against
+        this figure came under MACHINE_HOLD_S ago. A hypervisor that steals for longer has
+        set the machine's speed, and the fall is judged as any other (cuts that bring
+        nothing back profile production alone, at that speed); harm the shims do not see
+        (through the bus or the caches), or see only in part, taken for the machine's
+        meanwhile, is answered then, and the rate a ramp reached meanwhile is not raised
+        on against the same figure."""
         fall = 1 - p / solo if solo > 0 else 0.0
         stolen = self.window.stolen(judged_from)
-        if fall <= 0 or stolen < fall or not self.overlap_trusted:
+        if fall <= 0 or stolen - self.figure_stolen < fall or not self.overlap_trusted:
             return None
         if self.machine_since is not None and t - self.machine_since > self.MACHINE_HOLD_S:
             return None
         if seen.per_s is None or seen.per_s >= self.MACHINE_FALL_PART * fall:
             return None
-        return (f"{self._of_solo(p)} with {stolen:.3f} of the host's CPU time stolen by its hypervisor and "
-                f"{seen.per_s:.4f} s/s of opportunistic work beside it: {MACHINE_WHY}; nothing changed")
+        return (f"{self._of_solo(p)} with {stolen:.3f} of the host's CPU time stolen by its hypervisor "
+                f"({self.figure_stolen:.3f} while its figure was measured) and {seen.per_s:.4f} s/s of "
+                f"opportunistic work beside it: {MACHINE_WHY}; nothing changed")
 
     def _fallen_from(self, t: float, solo: float) -> float:
         """The figure a fall is judged from, for whether it is production's own (`_not_own`):
@@ -366,7 +389,7 @@ class FastController:
                 self.profiles = []
             self._unfollow()  # a new load
             self.bound.restore()
-            self.own_figure, self.overlap_trusted, self.machine_since = None, True, None
+            self.own_figure, self.overlap_trusted = None, True
             if self.turnover is not None:
                 if t - self.turnover.at >= self.TURNOVER_S - 1e-9:
                     self.turnover = None  # the load after a turnover is measured now (sooner: its start)
@@ -752,18 +775,23 @@ class FastController:
             self._change(t, f"production fell to {p:,.0f} blocks/s{steps} with {seen.per_s:.4f} s/s of "
                          "opportunistic work beside it: its own load, the new solo figure")
             return
-        machine = None if trial_only else self._the_machine_s(t, p, solo, seen, judged_from)
+        machine = None if trial_only or (run is not None and run.cuts) else \
+            self._the_machine_s(t, p, solo, seen, judged_from)
         if machine is not None:
-            # the host's hypervisor took at least as much of its CPU time as production
-            # fell, and what ran beside production explains under half of the fall: the
+            # the host's hypervisor took more of its CPU time than while the figure was
+            # measured, by at least the fall, and what ran beside production explains
+            # under half of the fall: the
             # machine slowed it, and production's twin alone on a second simulated GPU fell
             # with it (the dynamics benchmark with 0.04-0.12 of the CPU time stolen: the
             # pair phase's fall to 0.961 of its figure, 0.11 stolen and 0.0104 s/s beside
             # production, eased the in-flight bound to one kernel, and opportunistic work
             # was at 0.8 of the idle time only 15.5 s into the phase). Nothing is cut or
             # eased, and nothing ramped: judged again at the next decision, when what is
-            # stolen may no longer explain it; for MACHINE_HOLD_S at most. The periodic
-            # profile still comes when due
+            # stolen may no longer explain it; for MACHINE_HOLD_S at most against one
+            # figure. The periodic profile still comes when due. Not once the run has cut
+            # the rate: that answered harm (seen only in part, or the fall would have been
+            # production's own or too deep for the machine), which a hypervisor that starts
+            # stealing meanwhile does not undo
             if self.machine_since is None:
                 self.machine_since = t
             if not self.machine_fall:
@@ -862,7 +890,7 @@ class FastController:
         the last load's harm held opportunistic work at one kernel in flight for a whole
         idle spell, 15 s in the controller rig)."""
         self.rate_good = UNLIMITED
-        self.violations = self.drift_since = self.machine_since = None
+        self.violations = self.drift_since = None
         self.bound.restore()
 
     def _idle(self, t: float, why: str) -> None:
@@ -975,7 +1003,7 @@ class FastController:
         or goes where it is unused), else the in-flight bound is tried (`InflightBound.holds`),
         and the periodic profile comes when due."""
         self.violations = None
-        self.machine_fall, self.machine_since = False, None
+        self.machine_fall = False
         if self.rate != UNLIMITED:
             cap = max(2.0 * o, 1.0)
             if int(self.rate * self.RAMP) + 1 > cap and o < 0.5 * self.rate:

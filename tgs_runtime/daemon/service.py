@@ -614,7 +614,7 @@ class Daemon:
         budget = st.controller.step(Sample(now, dt, prod_blocks, opp_blocks, bool(prod), bool(opp),
                                            _marks(prod, uuid), procs,
                                            Overlap(busy_ns / 1e9, gated_ns / 1e9, overlap_ns / 1e9), rhythm_ns / 1e9,
-                                           stolen_s))
+                                           stolen_s=stolen_s))
         # a container none of whose processes has connected yet does not take part in the split
         claimants = [Claimant(c.id, c.attained(), c.achieved[s], c.budget[s], c.order, c.bound_wait[s])
                      for c, s in opp if c.processes]

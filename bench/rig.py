@@ -21,7 +21,11 @@ one rate through both that costs production exactly the tolerance, and irregular
 its busy time, the seconds its bursts took, so tgsd times it by that), and noisy loads:
 each 0.1 s iteration's progress off the load's by a part drawn with a standard deviation
 of 5, 10 or 15 % (iterations that differ: a 1 s profile is known to 1.6-4.7 %), where the
-load holds (three draws of each) or rises or falls by 10 %; each at
+load holds (three draws of each) or rises or falls by 10 %, and steal: a shared VM's
+hypervisor taking 5, 10 or 20 % of the CPU time for 2, 5 or 10 s in every 20, which slows
+production alone by half as much (its true solo progress moves with it) while its
+opportunistic shims watch it (`Steal`), run side by side with and without the rule that
+takes a fall the stolen time explains for the machine's (`WithoutTheMachine`); each at
 harm 0.01, 0.03 and 0.1 (full rate costs production 2, 6 and 20 %) and lag 0, 0.3 and 0.6
 s. Production's shim marks an iteration start every 0.1 s while it runs, so tgsd times
 its progress from them, as it times a job's that synchronises each iteration, and counts
@@ -273,7 +277,40 @@ class Rhythm:
         return min(capacity, solo * (1 - 1 / stretch) / harm)
 
 
-GROUPS: dict[str, list[tuple[str, Load | Pauses | Rhythm | Noisy]]] = {
+@dataclass(frozen=True)
+class Steal:
+    """A shared VM's hypervisor taking the part `stolen` of the host's CPU time for
+    `burst_s` in every `every_s` (from half-way through the first), which slows production
+    alone by SLOWS of that part (a job partly on its host; on the 2-core VM production's
+    twin alone on simgpu fell 3-4 % with 0.09-0.10 of the CPU time stolen): its true solo
+    progress is the slowed machine's (`Rig.stolen`). Its opportunistic shims watch it and
+    see BESIDE s/s of their work beside it, harm or not (a poll's resolution), and what
+    harm costs it besides."""
+    stolen: float
+    burst_s: float
+    every_s: float = 20.0
+    SLOWS = 0.5
+    BESIDE = 0.01
+
+    def at(self, t: float) -> float:
+        """The part of the CPU time stolen in the period ending at t."""
+        return self.stolen if (t - self.every_s / 2) % self.every_s < self.burst_s and t >= self.every_s / 2 else 0.0
+
+    def __call__(self, t: float) -> float:
+        return 1 - self.SLOWS * self.at(t)
+
+
+WITHOUT = "steal, without the machine's rule"  # the steal group's loads under `WithoutTheMachine`
+
+
+class WithoutTheMachine(FastController):
+    """The `fast` controller without the rule that takes a fall the stolen time explains
+    for the machine's (`FastController._the_machine_s`): the steal group's side by side."""
+    def _the_machine_s(self, *args, **kw) -> str | None:
+        return None
+
+
+GROUPS: dict[str, list[tuple[str, Load | Pauses | Rhythm | Noisy | Steal]]] = {
     "falls": [(f"fall {c:.0%} over {s:g} s", ramp(-c, s)) for c in (0.1, 0.3, 0.5) for s in (0, 2, 5, 10, 30, 60)],
     "rises": [(f"rise {c:.0%} over {s:g} s", ramp(c, s)) for c in (0.1, 0.3, 0.5) for s in (0.1, 2, 8, 16, 30)],
     "waves": [(f"wave +-{a:.0%}, period {p:g} s", wave(a, p)) for a in (0.05, 0.1, 0.2) for p in (2, 6, 20, 60)],
@@ -287,6 +324,7 @@ GROUPS: dict[str, list[tuple[str, Load | Pauses | Rhythm | Noisy]]] = {
               for seed in range(3)]
              + [(f"{name}, iterations +-10%", Noisy(load, 0.1, 0)) for name, load in
                 (("rise 10% over 8 s", ramp(0.1, 8.0)), ("fall 10% over 10 s", ramp(-0.1, 10.0)))],
+    "steal": [(f"{st:.0%} stolen {b:g} s in every 20 s", Steal(st, b)) for st in (0.05, 0.1, 0.2) for b in (2, 5, 10)],
 }
 
 
@@ -307,12 +345,15 @@ class Case:
                    round(sum(opportunistic) / len(opportunistic), 3), round(min(opportunistic), 3))
 
 
-def settled(harm: float, lag_s: float = 0.0, rhythm: Rhythm | None = None, noisy: Noisy | None = None) -> Rig:
+def settled(harm: float, lag_s: float = 0.0, rhythm: Rhythm | None = None, noisy: Noisy | None = None,
+            steal: Steal | None = None, controller: type[FastController] = FastController) -> Rig:
     """A rig sharing with a settled bound (no deeper trials): production (in its `rhythm`,
     where it has one) measured alone at SOLO, opportunistic work beside it for 50 s without
     harm; from now on each opportunistic block costs production `harm` blocks, `lag_s` late,
-    and its iterations differ as `noisy` draws them, where given."""
-    r = Rig(FastController(ControlConfig(inflight_deepest=2)), solo=SOLO, lag_s=lag_s, marked=True)
+    and its iterations differ as `noisy` draws them, where given. Beside a hypervisor that
+    `steal`s, the opportunistic shims watch production (`Steal`)."""
+    watch = {} if steal is None else {"overlap": 1.0, "beside": Steal.BESIDE}
+    r = Rig(controller(ControlConfig(inflight_deepest=2)), solo=SOLO, lag_s=lag_s, marked=True, **watch)
     r.rhythm = rhythm
     r.run(2, opportunistic=False)
     r.run(50)
@@ -322,10 +363,12 @@ def settled(harm: float, lag_s: float = 0.0, rhythm: Rhythm | None = None, noisy
     return r
 
 
-def run_case(name: str, load: Load | Pauses | Rhythm | Noisy, harm: float, lag_s: float) -> Case:
+def run_case(name: str, load: Load | Pauses | Rhythm | Noisy | Steal, harm: float, lag_s: float,
+             controller: type[FastController] = FastController) -> Case:
     if isinstance(load, Rhythm):
         return _run_rhythm(name, load, harm, lag_s)
-    r = settled(harm, lag_s, noisy=load if isinstance(load, Noisy) else None)
+    steal = load if isinstance(load, Steal) else None
+    r = settled(harm, lag_s, noisy=load if isinstance(load, Noisy) else None, steal=steal, controller=controller)
     production, opportunistic = [], []
     p0, o0, solo, allowed = r.produced, r.opportunistic_done, 0.0, 0.0
     per_window = round(WINDOW_S / DT)
@@ -334,6 +377,8 @@ def run_case(name: str, load: Load | Pauses | Rhythm | Noisy, harm: float, lag_s
             r.pause = load((i + 1) * DT)
         else:
             r.solo = SOLO * load((i + 1) * DT)
+        if steal is not None:
+            r.stolen = steal.at((i + 1) * DT)
         r.run(DT)
         solo += r.solo * (1 - r.pause) * DT
         allowed += (r.pause * r.capacity + (1 - r.pause) * min(r.capacity, TOLERANCE * r.solo / harm)) * DT
@@ -383,8 +428,10 @@ def summary(cases: list[Case]) -> dict:
 def run(echo: Echo = print, quick: bool = False, json_path: Path | None = None) -> dict:
     harms, lags = ((0.1,), (0.0,)) if quick else (HARMS, LAGS)
     groups: dict[str, list[Case]] = {}
-    for group, loads in GROUPS.items():
-        groups[group] = [run_case(name, load, harm, lag) for (name, load), harm, lag in
+    runs = [(g, loads, FastController) for g, loads in GROUPS.items()]
+    runs.insert([g for g, _, _ in runs].index("steal") + 1, (WITHOUT, GROUPS["steal"], WithoutTheMachine))
+    for group, loads, controller in runs:
+        groups[group] = [run_case(name, load, harm, lag, controller) for (name, load), harm, lag in
                          itertools.product(loads, harms, lags)]
         echo(f"  {group}: {summary(groups[group])}")
     sums = {g: summary(cs) for g, cs in groups.items()}

@@ -156,7 +156,8 @@ def test_the_rig_benchmark_follows_the_controller_through_moving_loads_and_write
     result = rig.run(echo=said.append, quick=True, json_path=tmp_path / "rig.json")
     written = json.loads((tmp_path / "rig.json").read_text())
     assert {g: len(cs) for g, cs in written["cases"].items()} == {"falls": 18, "rises": 15, "waves": 12, "stalls": 9,
-                                                                 "rhythms": 24, "irregular": 12, "noisy": 11}
+                                                                 "rhythms": 24, "irregular": 12, "noisy": 11,
+                                                                 "steal": 9, rig.WITHOUT: 9}
     assert written["summary"] == result["summary"]
     for group, s in result["summary"].items():
         # the tolerance is 3 %: production keeps most of its solo progress whatever its load does,

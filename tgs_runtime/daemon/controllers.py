@@ -206,7 +206,7 @@ class FastController:
                        # of the tolerance (the periodic profile: the whole tolerance) ...
     NOISE_Z = 2.0      # ... and by more than this many standard errors of the two (`_followed`)
     OWN_FALL_PART = 0.25          # overlap below this part of a fall: the fall is production's own
-    MACHINE_FALL_PART = 0.5       # ... below this, with as much of the CPU time stolen: the machine's (`_the_machine_s`) ...
+    MACHINE_FALL_PART = 0.5       # ... below this, with as much more of the CPU time stolen: the machine's (`_the_machine_s`) ...
     MACHINE_HOLD_S = 15.0         # ... for this long at most against one figure, from the first such fall
     FREE_WHY = "no production on the GPU"  # why it is free: where it starts, and where production leaves
 
@@ -316,8 +316,7 @@ class FastController:
         set the machine's speed, and the fall is judged as any other (cuts that bring
         nothing back profile production alone, at that speed); harm the shims do not see
         (through the bus or the caches), or see only in part, taken for the machine's
-        meanwhile, is answered then, and the rate a ramp reached meanwhile is not raised
-        on against the same figure."""
+        meanwhile, is answered then."""
         fall = 1 - p / solo if solo > 0 else 0.0
         stolen = self.window.stolen(judged_from)
         if fall <= 0 or stolen - self.figure_stolen < fall or not self.overlap_trusted:
@@ -780,9 +779,8 @@ class FastController:
         if machine is not None:
             # the host's hypervisor took more of its CPU time than while the figure was
             # measured, by at least the fall, and what ran beside production explains
-            # under half of the fall: the
-            # machine slowed it, and production's twin alone on a second simulated GPU fell
-            # with it (the dynamics benchmark with 0.04-0.12 of the CPU time stolen: the
+            # under half of the fall: the machine slowed it, and production's twin alone on
+            # a second simulated GPU fell with it (the dynamics benchmark with 0.04-0.12 of the CPU time stolen: the
             # pair phase's fall to 0.961 of its figure, 0.11 stolen and 0.0104 s/s beside
             # production, eased the in-flight bound to one kernel, and opportunistic work
             # was at 0.8 of the idle time only 15.5 s into the phase). Nothing is cut or

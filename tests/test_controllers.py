@@ -329,6 +329,19 @@ def test_a_fall_under_no_more_stolen_time_than_its_figure_was_measured_under_is_
     assert "stolen by its hypervisor" not in r.ctl.why, r.ctl.why
 
 
+def test_a_run_that_has_cut_goes_on_cutting_when_the_hypervisor_starts_stealing():
+    """Work that costs production a fifth at full rate, seen beside it for 0.4 of its fall,
+    is cut once; the hypervisor then starts taking a fifth of the CPU time. The next fall
+    (to 0.95) would pass for the machine's, but the cut answered harm, which stealing does
+    not undo: the run cuts on."""
+    r = Rig(fast(), marked=True, overlap=0.4, harm=0.1)
+    run_until(r, lambda b: b.state == "run" and b.rate != UNLIMITED, within_s=15)
+    r.stolen, first = 0.2, r.budget.rate
+    after = [r.run(DT) for _ in range(round(8 / DT))]
+    assert not [b for b in after if "stolen by its hypervisor" in b.why], r.ctl.why
+    assert min(b.rate for b in after if b.state == "run") < first, r.ctl.why
+
+
 def test_harm_seen_beside_production_is_answered_however_much_time_is_stolen():
     """Opportunistic work that costs production its fall, seen beside it (the shims' overlap
     at the fall itself), is harm though the hypervisor takes a fifth of the CPU time: the

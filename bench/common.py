@@ -20,6 +20,7 @@ import psutil
 
 from tgs_runtime import proto
 from tgs_runtime.control import ActivityFile, ControlBlock, StatePaths
+from tgs_runtime.daemon.stolen import steal_seconds
 from tgs_runtime.paths import REPO_ROOT
 
 RESULTS = REPO_ROOT / "bench" / "results"
@@ -64,7 +65,7 @@ class HostCpu:
     def now(cls) -> "HostCpu":
         t = psutil.cpu_times()
         idle = t.idle + getattr(t, "iowait", 0.0)
-        stolen = getattr(t, "steal", 0.0)
+        stolen = steal_seconds(t)
         # guest time is counted in user time already (Linux): not added again
         total = sum(getattr(t, k, 0.0) for k in ("user", "nice", "system", "idle", "iowait", "irq", "softirq",
                                                  "steal"))

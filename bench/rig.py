@@ -428,8 +428,11 @@ def summary(cases: list[Case]) -> dict:
 def run(echo: Echo = print, quick: bool = False, json_path: Path | None = None) -> dict:
     harms, lags = ((0.1,), (0.0,)) if quick else (HARMS, LAGS)
     groups: dict[str, list[Case]] = {}
-    runs = [(g, loads, FastController) for g, loads in GROUPS.items()]
-    runs.insert([g for g, _, _ in runs].index("steal") + 1, (WITHOUT, GROUPS["steal"], WithoutTheMachine))
+    runs: list[tuple[str, list, type[FastController]]] = []
+    for group, loads in GROUPS.items():
+        runs.append((group, loads, FastController))
+        if group == "steal":  # side by side without the machine's rule
+            runs.append((WITHOUT, loads, WithoutTheMachine))
     for group, loads, controller in runs:
         groups[group] = [run_case(name, load, harm, lag, controller) for (name, load), harm, lag in
                          itertools.product(loads, harms, lags)]

@@ -12,7 +12,7 @@ from typing import Any
 import psutil
 
 
-def _steal_seconds(times: Any) -> float:
+def steal_seconds(times: Any) -> float:
     """All CPUs' stolen seconds in a psutil `cpu_times()` reading (0 where it has none:
     not Linux, or a kernel without the field)."""
     return float(getattr(times, "steal", 0.0) or 0.0)
@@ -30,9 +30,8 @@ class StolenTime:
     def __init__(self, read: Callable[[], Any] = psutil.cpu_times, cpus: int | None = None):
         self._read = read
         self._cpus = max(cpus or psutil.cpu_count() or 1, 1)
-        self._at: float | None = None
-        self._seconds = 0.0
-        self._readings: collections.deque[tuple[float, float]] = collections.deque()  # (at, seconds per CPU)
+        # the readings of the last RECENT_S, the latest last: (monotonic at, stolen seconds per CPU)
+        self._readings: collections.deque[tuple[float, float]] = collections.deque()
 
     def recent(self) -> float | None:
         """The part of the host's CPU time stolen over the last RECENT_S seconds of readings
@@ -46,17 +45,17 @@ class StolenTime:
         """Seconds per CPU stolen since the last reading, where one is due at monotonic
         `now`; else 0. The first reading sets the start and reads 0; a counter that goes
         back (a CPU taken offline takes its share with it) reads 0 and starts again."""
-        if self._at is not None and now - self._at < self.READ_EVERY_S:
+        last = self._readings[-1] if self._readings else None
+        if last is not None and now - last[0] < self.READ_EVERY_S:
             return 0.0
         try:
-            seconds = _steal_seconds(self._read())
+            seconds = steal_seconds(self._read()) / self._cpus
         except OSError:  # (/proc unreadable: nothing is known to be stolen)
             return 0.0
-        first = self._at is None
-        grown, self._seconds, self._at = seconds - self._seconds, seconds, now
+        grown = 0.0 if last is None else seconds - last[1]
         if grown < 0:
             self._readings.clear()
-        self._readings.append((now, seconds / self._cpus))
+        self._readings.append((now, seconds))
         while now - self._readings[0][0] > self.RECENT_S + 1e-9:
             self._readings.popleft()
-        return 0.0 if first or grown < 0 else grown / self._cpus
+        return max(grown, 0.0)

@@ -105,6 +105,7 @@ class Sums:
     busy_s: float = 0.0
     gated_s: float = 0.0
     overlap_s: float = 0.0
+    stolen_s: float = 0.0
 
     def add(self, s: Sample, sign: int = 1) -> None:
         self.dt += sign * s.dt
@@ -113,12 +114,14 @@ class Sums:
         self.busy_s += sign * s.overlap.busy_s
         self.gated_s += sign * s.overlap.gated_s
         self.overlap_s += sign * s.overlap.overlap_s
+        self.stolen_s += sign * s.stolen_s
 
 
 @dataclass
 class Stretch:
     """The samples of a window from the first whose period began at or after `since`:
-    seconds covered and blocks launched, summed (`Window.measure`). Samples added since are
+    seconds covered, blocks launched and CPU time stolen, summed (`Window.measure`,
+    `Window.stolen`). Samples added since are
     added on in turn, so the sums stay those of a walk over the stretch from its start
     (the controller's boundaries have no tolerance, and sums taken in another order move
     them), until its first sample leaves the window."""
@@ -128,6 +131,7 @@ class Stretch:
     dt: float = 0.0
     production: float = 0.0
     opportunistic: float = 0.0
+    stolen_s: float = 0.0
 
 
 @dataclass
@@ -215,12 +219,13 @@ class Window:
         run = self.stretch
         if run is None or run.since != since or run.first != first:
             run = self.stretch = Stretch(since, first, first)
-        dt, p, o = run.dt, run.production, run.opportunistic
+        dt, p, o, stolen = run.dt, run.production, run.opportunistic, run.stolen_s
         for s in self._walk_on(run):
             dt += s.dt
             p += s.production_blocks
             o += s.opportunistic_blocks
-        run.dt, run.production, run.opportunistic = dt, p, o
+            stolen += s.stolen_s
+        run.dt, run.production, run.opportunistic, run.stolen_s = dt, p, o, stolen
         return run
 
     def rates(self, since: float = float("-inf")) -> tuple[float, float, float]:
@@ -290,10 +295,10 @@ class Window:
 
     def stolen(self, since: float) -> float:
         """The part of the host's CPU time its hypervisor took over the samples after
-        `since` (`Sample.stolen_s`; 0 where none is covered)."""
-        seen = list(self._after(since))
-        span = sum(s.dt for s in seen)
-        return sum(s.stolen_s for s in seen) / span if span > 0 else 0.0
+        `since` (`Sample.stolen_s`; 0 where none is covered), from the sums `measure` keeps
+        (the controller reads it over the stretch it measures: no walk every period)."""
+        run = self.whole if since == float("-inf") else self._stretch(since)
+        return run.stolen_s / run.dt if run.dt > 1e-9 else 0.0
 
     def _latest_marks(self) -> tuple[Mark, ...]:
         """The latest sample's marks: each production container's latest iteration start

@@ -9,7 +9,7 @@ import pytest
 from harness.hostgpu import HostGpu, gpu_node, share_one_gpu_through_docker
 from tgs_runtime import sim
 from tgs_runtime.childd import own_config
-from tgs_runtime.privatedocker import IMAGE, PRELOAD_IMAGE
+from tgs_runtime.privatedocker import AS_INSTALLED, IMAGE, PRELOAD_IMAGE
 from tgs_runtime.workload import Workload, summary
 
 pytestmark = pytest.mark.docker
@@ -129,6 +129,21 @@ def test_containers_given_a_gpu_as_cdi_gives_it_share_it(simgpu, libshim, c_prog
     a production and an opportunistic container sharing it through a private dockerd."""
     config = own_config(sim.SimSettings(state=simgpu.state))
     share_one_gpu_through_docker(HostGpu.simulated(simgpu, tmp_path), config, libshim, c_programs("maps.c"), tmp_path)
+
+
+def test_the_runtime_as_set_up_for_the_default_config_runs_tgs_containers(docker):
+    """daemon.json's tgs runtime without runtimeArgs, as `tgs setup docker` writes it for
+    /etc/tgs/config.toml: the launcher finds its config without being told (here in
+    dockerd's TGS_CONFIG), and a TGS container is set up and released, another untouched."""
+    d, t = docker()
+    out = d.docker(*run_args("-e", "TGS_CLASS=opportunistic", "-e", "NVIDIA_VISIBLE_DEVICES=0", runtime=AS_INSTALLED),
+                   IMAGE, "sh", "-c", "echo $TGS_CLASS $TGS_DIR; ls /run/tgs").stdout.split()
+    assert out[:2] == ["opportunistic", "/run/tgs"] and "control" in out
+    assert d.docker(*run_args(runtime=AS_INSTALLED), IMAGE, "sh", "-c", "echo ${TGS_DIR:-none}").stdout.split() == ["none"]
+    deadline = time.monotonic() + 10
+    while t.status()["gpus"][0]["containers"] and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert t.status()["gpus"][0]["containers"] == []
 
 
 def test_docker_kill_deregisters(docker):

@@ -36,7 +36,7 @@ def test_setup_docker_installs_and_keeps_every_other_key(prefix):
     assert out.returncode == 0, out.stderr
     data = json.loads((prefix / "etc/docker/daemon.json").read_text())
     assert data["log-driver"] == "journald" and data["runtimes"]["nvidia"] == {"path": "nvidia-container-runtime"}
-    assert data["runtimes"]["tgs"] == {"path": "/usr/bin/tgs-runtime", "runtimeArgs": ["--tgs-config", "/etc/tgs/config.toml"]}
+    assert data["runtimes"]["tgs"] == {"path": "/usr/bin/tgs-runtime"}, "the default config needs no runtimeArgs"
     for f in ("usr/lib/tgs/libtgs.so", "usr/bin/tgs-runtime", "usr/bin/tgs-runtime-create", "usr/bin/tgs-hook",
               "usr/bin/tgsd", "etc/tgs/config.toml", "etc/systemd/system/tgsd.service"):
         assert (prefix / f).exists(), f
@@ -48,6 +48,15 @@ def test_setup_docker_installs_and_keeps_every_other_key(prefix):
     assert "SIGHUP" in out.stdout
     again = tgs("setup", "docker", "--prefix", str(prefix))
     assert "already has the tgs runtime" in again.stdout
+
+
+def test_setup_docker_points_the_runtime_at_another_config(prefix):
+    """Only a config other than /etc/tgs/config.toml is named in runtimeArgs (dockerd runs
+    such a runtime through a shell script of its own)."""
+    out = tgs("setup", "docker", "--prefix", str(prefix), "--config", "/srv/tgs/tgs.toml")
+    assert out.returncode == 0, out.stderr
+    data = json.loads((prefix / "etc/docker/daemon.json").read_text())
+    assert data["runtimes"]["tgs"] == {"path": "/usr/bin/tgs-runtime", "runtimeArgs": ["--tgs-config", "/srv/tgs/tgs.toml"]}
 
 
 def test_setup_keeps_an_operators_config(prefix):

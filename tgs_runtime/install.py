@@ -162,6 +162,13 @@ def read_daemon_json(path: Path) -> dict:
 
 
 def docker_entry(layout: Layout, config: Path) -> dict:
+    """daemon.json's tgs runtime. The default config needs no `runtimeArgs` (tgs-runtime
+    reads /etc/tgs/config.toml unless told otherwise), and without them dockerd (20.10 at
+    least) execs tgs-runtime itself: a runtime with `runtimeArgs` is run through a
+    `#!/bin/sh` script dockerd writes (`... $@`, unquoted: an argument with a space in it
+    is split), one more program started on each of a container's four runtime calls."""
+    if config == CONFIG:
+        return {"path": str(layout.runtime)}
     return {"path": str(layout.runtime), "runtimeArgs": ["--tgs-config", str(config)]}
 
 

@@ -105,11 +105,17 @@ def end_processes_under(folder: Path, grace_s: float = 30) -> None:
     signal_each(named(), signal.SIGKILL)
 
 
+# The tgs runtime as `tgs setup docker` writes it for the default config: no runtimeArgs
+# (install.docker_entry). Here it finds its config in dockerd's environment (TGS_CONFIG,
+# which containerd and its shims pass on), not at /etc/tgs/config.toml.
+AS_INSTALLED = "tgs-as-installed"
+
+
 @dataclass
 class PrivateDocker:
     workdir: Path
     runtime: Path           # tgs-runtime (the launcher)
-    tgs_config: Path        # what daemon.json's runtimeArgs name
+    tgs_config: Path        # what daemon.json's runtimeArgs name (and dockerd's TGS_CONFIG)
     path_first: Path | None = None  # searched before PATH by dockerd (and what it runs): tools it looks for
 
     def __post_init__(self):
@@ -126,8 +132,9 @@ class PrivateDocker:
             raise DockerUnavailable("dockerd is not installed (apt-get install docker.io; .ci/run does)")
         self.workdir.mkdir(parents=True, exist_ok=True)
         daemon_json = self.workdir / "daemon.json"
-        daemon_json.write_text(json.dumps({"runtimes": {"tgs": {"path": str(self.runtime),
-                                                                 "runtimeArgs": ["--tgs-config", str(self.tgs_config)]}}}))
+        daemon_json.write_text(json.dumps({"runtimes": {
+            "tgs": {"path": str(self.runtime), "runtimeArgs": ["--tgs-config", str(self.tgs_config)]},
+            AS_INSTALLED: {"path": str(self.runtime)}}}))
         self.log = open(self.workdir / "dockerd.log", "w")
         self.proc = subprocess.Popen(
             ["dockerd", "--data-root", str(self.workdir / "data"), "--exec-root", str(self.exec_root),
@@ -146,7 +153,7 @@ class PrivateDocker:
         raise DockerUnavailable(f"dockerd did not start in {timeout}s")
 
     def _daemon_env(self) -> dict[str, str]:
-        env = dict(os.environ)
+        env = {**os.environ, "TGS_CONFIG": str(self.tgs_config)}  # what AS_INSTALLED reads
         if self.path_first:
             env["PATH"] = f"{self.path_first}:{env.get('PATH', '/usr/sbin:/usr/bin:/sbin:/bin')}"
         return env
